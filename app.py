@@ -1,0 +1,95 @@
+"""The application factory: `flask --app app ...` and `gunicorn "app:create_app()"`."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Mapping
+
+from flask import Flask, g, request
+
+import models  # noqa: F401 - registers every model with the metadata before migrations read it
+from blueprints.api import API_PREFIX, register_routes
+from blueprints.envelope import REQUEST_ID_HEADER, request_id
+from blueprints.errors import register_error_handlers
+from blueprints.system import system
+from commands import register_commands
+from config import Settings
+from extensions import db, migrate
+
+MAX_BODY_BYTES = 64 * 1024
+access_log = logging.getLogger("brand_api.access")
+
+
+def create_app(environ: Mapping[str, str] | None = None) -> Flask:
+    """Build the app from `environ` (default: the process environment)."""
+    app = Flask(__name__, instance_relative_config=True)
+    settings = Settings.from_environ(
+        os.environ if environ is None else environ,
+        instance_path=app.instance_path,
+        root_path=app.root_path,
+    )
+    app.extensions["settings"] = settings
+    app.config.update(
+        SECRET_KEY=settings.secret_key,
+        SQLALCHEMY_DATABASE_URI=settings.database_url,
+        SQLALCHEMY_ENGINE_OPTIONS=_engine_options(settings.database_url),
+        MAX_CONTENT_LENGTH=MAX_BODY_BYTES,
+        TESTING=settings.app_env == "test",
+        SESSION_COOKIE_HTTPONLY=True,
+        SESSION_COOKIE_SAMESITE="Lax",
+        SESSION_COOKIE_SECURE=settings.is_production,
+    )
+    app.json.sort_keys = False
+    _configure_logging()
+
+    db.init_app(app)
+    migrate.init_app(app, db, directory=os.path.join(app.root_path, "migrations"))
+    app.register_blueprint(register_routes())
+    app.register_blueprint(system)
+    register_error_handlers(app)
+    register_commands(app)
+    app.before_request(_start_request)
+    app.after_request(_finish_request)
+    return app
+
+
+def _engine_options(url: str) -> dict:
+    if url.startswith("sqlite"):
+        return {"connect_args": {"timeout": 30}}
+    return {"pool_pre_ping": True, "pool_size": 10, "max_overflow": 10, "pool_recycle": 1800}
+
+
+def _configure_logging() -> None:
+    """One line per record with the request id; left alone when a host (gunicorn) set it up."""
+    logger = logging.getLogger("brand_api")
+    if logger.handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
+def _start_request() -> None:
+    g.started_at = time.perf_counter()
+    request_id()
+
+
+def _finish_request(response):
+    response.headers[REQUEST_ID_HEADER] = request_id()
+    if request.path.startswith(API_PREFIX):
+        # Responses may carry a one-time secret; no cache along the way may keep any of them.
+        response.headers["Cache-Control"] = "no-store"
+        caller = g.get("caller")
+        access_log.info(
+            "request_id=%s method=%s path=%s status=%s duration_ms=%.1f caller=%s",
+            request_id(),
+            request.method,
+            request.path,
+            response.status_code,
+            (time.perf_counter() - g.get("started_at", time.perf_counter())) * 1000,
+            caller.actor if caller else "-",
+        )
+    return response

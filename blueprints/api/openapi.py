@@ -1,0 +1,170 @@
+"""The OpenAPI 3 document, generated from the routes' declared operations and their marshmallow
+schemas; never written by hand. A route under /api/v1 without a declaration is left out, and a
+test fails on it."""
+
+from __future__ import annotations
+
+import re
+
+from apispec import APISpec
+from apispec.ext.marshmallow import MarshmallowPlugin
+from flask import Flask, current_app, jsonify
+
+from blueprints.api import API_PREFIX, api
+from schemas.base import camelcase
+from schemas.envelope import ErrorEnvelopeSchema, envelope_for
+from services.api_keys import WRITE
+
+OPENAPI_PATH = "/openapi.json"
+_PATH_PARAMETER = re.compile(r"<(?:[a-z_]+:)?([a-z_]+)>")
+
+PATH_PARAMETER_DESCRIPTIONS = {
+    "brandId": "The brand workspace id (`brd_…`); must be the brand of the credential.",
+    "keyId": "An API key id (`key_…`) from create-key or fetch-keys.",
+}
+
+_ERROR_RESPONSES = {
+    "ValidationError": (400, "VALIDATION_ERROR: the body or query is invalid; see `errors`."),
+    "Unauthorized": (401, "UNAUTHORIZED: missing, malformed, unknown or revoked credential."),
+    "Forbidden": (403, "FORBIDDEN: the credential is of another brand, or lacks the scope."),
+    "NotFound": (404, "NOT_FOUND: no such record in this brand."),
+    "PayloadTooLarge": (413, "PAYLOAD_TOO_LARGE: the body is over 64 KiB."),
+    "InternalError": (500, "INTERNAL_ERROR: unexpected; quote the requestId to support."),
+    "ServiceUnavailable": (503, "SERVICE_UNAVAILABLE: database or Redis unreachable; retry."),
+}
+
+API_DESCRIPTION = """\
+The server-to-server interface for a brand's backend: API keys, signed outbound webhooks,
+idempotent conversion postbacks and read-only views of the brand's data.
+
+Every response is an envelope: `status`, `statusCode`, `message`, `data` (on success),
+`errorCode` (on failure), `requestId` (also the `X-Request-Id` header) and `meta` (on paged lists).
+Authenticate with `X-Api-Key: svc_live_…` (or `Authorization: Bearer svc_live_…`); the first key is
+created with the bootstrap token support issues (`X-Service-Bootstrap-Token: bst_…`).
+"""
+
+
+@api.get(OPENAPI_PATH)
+def openapi_document():
+    return jsonify(openapi_spec(current_app))
+
+
+def openapi_spec(app: Flask) -> dict:
+    """The document for `app`, built once per process."""
+    if "openapi" not in app.extensions:
+        app.extensions["openapi"] = build_openapi(app)
+    return app.extensions["openapi"]
+
+
+def build_openapi(app: Flask) -> dict:
+    spec = APISpec(
+        title="Brand Server-to-Server API",
+        version="1",
+        openapi_version="3.0.3",
+        plugins=[MarshmallowPlugin()],
+        info={"description": API_DESCRIPTION},
+        servers=[{"url": API_PREFIX, "description": "This deployment"}],
+    )
+    spec.components.security_scheme(
+        "ApiKey", {"type": "apiKey", "in": "header", "name": "X-Api-Key"}
+    )
+    spec.components.security_scheme(
+        "BootstrapToken", {"type": "apiKey", "in": "header", "name": "X-Service-Bootstrap-Token"}
+    )
+    spec.components.security_scheme(
+        "Bearer",
+        {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "The API key (or, on create-key "
+            "only, the bootstrap token) as `Authorization: Bearer …`.",
+        },
+    )
+    spec.components.schema("ErrorEnvelope", schema=ErrorEnvelopeSchema)
+    for name, (_status, description) in _ERROR_RESPONSES.items():
+        spec.components.response(
+            name,
+            {
+                "description": description,
+                "content": {"application/json": {"schema": "ErrorEnvelope"}},
+            },
+        )
+
+    for rule in sorted(app.url_map.iter_rules(), key=lambda r: r.rule):
+        view = app.view_functions.get(rule.endpoint)
+        declared = getattr(view, "operation", None)
+        if not rule.rule.startswith(API_PREFIX) or declared is None:
+            continue
+        path = _PATH_PARAMETER.sub(
+            lambda m: "{" + camelcase(m.group(1)) + "}", rule.rule[len(API_PREFIX) :]
+        )
+        operations = {
+            method.lower(): _operation(declared, getattr(view, "auth", None), rule.arguments)
+            for method in sorted(rule.methods - {"HEAD", "OPTIONS"})
+        }
+        spec.path(path=path, operations=operations)
+    return spec.to_dict()
+
+
+def _operation(declared, auth, arguments) -> dict:
+    parameters = [
+        {
+            "in": "path",
+            "name": camelcase(name),
+            "required": True,
+            "schema": {"type": "string"},
+            "description": PATH_PARAMETER_DESCRIPTIONS.get(camelcase(name), ""),
+        }
+        for name in sorted(arguments)
+    ]
+    if declared.query is not None:
+        parameters.append({"in": "query", "schema": declared.query})
+    responses: dict = {}
+    if declared.response is not None:
+        responses[str(declared.status)] = {
+            "description": declared.message,
+            "content": {
+                "application/json": {"schema": envelope_for(declared.response, many=declared.many)}
+            },
+        }
+    for name, (status, _description) in _ERROR_RESPONSES.items():
+        if _may_fail_with(status, declared, auth, arguments):
+            responses[str(status)] = name
+    document = {
+        "operationId": declared.operation_id,
+        "summary": declared.summary,
+        "description": declared.description + _scope_note(auth),
+        "tags": [declared.tag],
+        "parameters": parameters,
+        "responses": responses,
+    }
+    if declared.body is not None:
+        document["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": declared.body}},
+        }
+    if auth is not None:
+        first = "BootstrapToken" if auth.bootstrap_token else "ApiKey"
+        document["security"] = [{first: []}, {"Bearer": []}]
+    return document
+
+
+def _may_fail_with(status: int, declared, auth, arguments) -> bool:
+    if status == 400:
+        return declared.body is not None or declared.query is not None
+    if status in (401, 403):
+        return auth is not None
+    if status == 404:
+        return len(arguments - {"brand_id"}) > 0 or status in declared.errors
+    if status == 413:
+        return declared.body is not None
+    return True
+
+
+def _scope_note(auth) -> str:
+    if auth is None:
+        return ""
+    if auth.bootstrap_token:
+        return "\n\n**Credential:** bootstrap token only."
+    scope = "write" if auth.scope == WRITE else "read"
+    return f"\n\n**Credential:** API key with the `{scope}` scope."

@@ -1,0 +1,95 @@
+"""The `operation` decorator: each JSON API route declares its schemas once, and from that one
+declaration the request is parsed, the response dumped into the envelope, the transaction
+committed, and the OpenAPI document written."""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass, field
+
+from flask import request
+from marshmallow import Schema, ValidationError
+
+from blueprints.envelope import success
+from extensions import db
+from services.errors import ValidationFailed
+
+# Where errors about the body as a whole (not one field) are reported in `errors`.
+BODY = "body"
+
+
+@dataclass(frozen=True)
+class Operation:
+    operation_id: str
+    summary: str
+    tag: str
+    description: str = ""
+    body: type[Schema] | None = None
+    query: type[Schema] | None = None
+    response: type[Schema] | None = None
+    many: bool = False
+    status: int = 200
+    message: str = "OK"
+    errors: tuple[int, ...] = field(default_factory=tuple)
+
+
+def operation(**declaration):
+    """Declare an API operation (see `Operation`); the view receives `body=` and `query=` as
+    loaded by their schemas and returns what the response schema dumps."""
+    spec = Operation(**declaration)
+    body_schema = spec.body() if spec.body else None
+    query_schema = spec.query() if spec.query else None
+    response_schema = spec.response(many=spec.many) if spec.response else None
+
+    def decorator(view):
+        @functools.wraps(view)
+        def operation_view(*args, **kwargs):
+            if body_schema is not None:
+                kwargs["body"] = _load(body_schema, _json_body())
+            if query_schema is not None:
+                kwargs["query"] = _load(query_schema, request.args.to_dict(flat=True))
+            result = view(*args, **kwargs)
+            db.session.commit()
+            data = response_schema.dump(result) if response_schema is not None else None
+            return success(data, status_code=spec.status, message=spec.message)
+
+        operation_view.operation = spec
+        return operation_view
+
+    return decorator
+
+
+def _json_body() -> dict:
+    raw = request.get_data(cache=True)  # over MAX_CONTENT_LENGTH: 413 from werkzeug
+    if not raw.strip():
+        return {}
+    try:
+        payload = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise ValidationFailed(
+            "Request body must be valid JSON", {BODY: ["Not valid JSON."]}
+        ) from None
+    if not isinstance(payload, dict):
+        raise ValidationFailed(
+            "Request body must be a JSON object", {BODY: ["Must be a JSON object."]}
+        )
+    return payload
+
+
+def _load(schema: Schema, payload: dict) -> dict:
+    try:
+        return schema.load(payload)
+    except ValidationError as error:
+        raise ValidationFailed("Invalid request", flatten_errors(error.messages)) from None
+
+
+def flatten_errors(messages, prefix: str = "") -> dict[str, list[str]]:
+    """marshmallow's nested messages as `{"dotted.path": [message, ...]}`."""
+    if isinstance(messages, list):
+        return {prefix if prefix and prefix != "_schema" else BODY: [str(m) for m in messages]}
+    flat: dict[str, list[str]] = {}
+    for key, value in messages.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        flat.update(flatten_errors(value, path))
+    return flat

@@ -1,0 +1,69 @@
+"""The one envelope builder (SPEC section 1): every JSON response of the service passes here."""
+
+from __future__ import annotations
+
+import re
+import secrets
+
+from flask import Response, current_app, g, request
+
+from schemas.envelope import EnvelopeSchema, ErrorEnvelopeSchema
+
+REQUEST_ID_HEADER = "X-Request-Id"
+# A caller's own request id is kept when it is safe to echo and to log; otherwise we mint one.
+_CALLER_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{8,128}$")
+
+_success_schema = EnvelopeSchema()
+_error_schema = ErrorEnvelopeSchema()
+
+
+def request_id() -> str:
+    if "request_id" not in g:
+        incoming = request.headers.get(REQUEST_ID_HEADER, "")
+        g.request_id = (
+            incoming if _CALLER_REQUEST_ID.match(incoming) else "req_" + secrets.token_hex(12)
+        )
+    return g.request_id
+
+
+def success(
+    data, *, status_code: int = 200, message: str = "OK", meta: dict | None = None
+) -> Response:
+    body = {
+        "status": True,
+        "status_code": status_code,
+        "message": message,
+        "data": data,
+        "request_id": request_id(),
+    }
+    if meta is not None:
+        body["meta"] = meta
+    return _json(_success_schema.dump(body), status_code)
+
+
+def failure(
+    status_code: int,
+    error_code: str,
+    message: str,
+    *,
+    errors: dict[str, list[str]] | None = None,
+    headers: dict[str, str] | None = None,
+) -> Response:
+    body = {
+        "status": False,
+        "status_code": status_code,
+        "message": message,
+        "error_code": error_code,
+        "request_id": request_id(),
+    }
+    if errors is not None:
+        body["errors"] = errors
+    response = _json(_error_schema.dump(body), status_code)
+    response.headers.update(headers or {})
+    return response
+
+
+def _json(payload: dict, status_code: int) -> Response:
+    response = current_app.json.response(payload)
+    response.status_code = status_code
+    return response

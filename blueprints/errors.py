@@ -1,0 +1,111 @@
+"""One handler per error type, registered on the app: domain errors, HTTP errors, unreachable
+backing services and the unexpected all leave as the envelope (HTML only for a browser asking for
+a page outside the API)."""
+
+from __future__ import annotations
+
+import logging
+
+import redis.exceptions
+import sqlalchemy.exc
+from flask import Flask, render_template, request
+from werkzeug.exceptions import HTTPException
+
+from blueprints.envelope import failure, request_id
+from extensions import db
+from services.errors import Conflict, DomainError, ValidationFailed
+
+log = logging.getLogger("brand_api.errors")
+
+STATUS_OF = {
+    "VALIDATION_ERROR": 400,
+    "UNAUTHORIZED": 401,
+    "FORBIDDEN": 403,
+    "NOT_FOUND": 404,
+    "CONFLICT": 409,
+    "RATE_LIMITED": 429,
+    "INTERNAL_ERROR": 500,
+    "SERVICE_UNAVAILABLE": 503,
+}
+_HTTP_ERROR_CODES = {
+    400: ("VALIDATION_ERROR", "The request could not be understood"),
+    404: ("NOT_FOUND", "No such route"),
+    405: ("METHOD_NOT_ALLOWED", "Method not allowed on this route"),
+    413: ("PAYLOAD_TOO_LARGE", "Request body exceeds the 64 KiB limit"),
+    429: ("RATE_LIMITED", "Too many requests"),
+}
+
+
+def register_error_handlers(app: Flask) -> None:
+    app.register_error_handler(DomainError, handle_domain_error)
+    app.register_error_handler(HTTPException, handle_http_error)
+    app.register_error_handler(sqlalchemy.exc.OperationalError, handle_backing_service_down)
+    app.register_error_handler(sqlalchemy.exc.InterfaceError, handle_backing_service_down)
+    app.register_error_handler(redis.exceptions.ConnectionError, handle_backing_service_down)
+    app.register_error_handler(redis.exceptions.TimeoutError, handle_backing_service_down)
+    app.register_error_handler(Exception, handle_unexpected)
+
+
+def handle_domain_error(error: DomainError):
+    db.session.rollback()
+    errors = error.errors if isinstance(error, ValidationFailed) else None
+    headers = {}
+    if isinstance(error, Conflict) and error.retry_after is not None:
+        headers["Retry-After"] = str(error.retry_after)
+    status = STATUS_OF[error.code]
+    if _wants_html():
+        return _html_error(status, error.message)
+    return failure(status, error.code, error.message, errors=errors, headers=headers)
+
+
+def handle_http_error(error: HTTPException):
+    db.session.rollback()
+    status = error.code or 500
+    code, message = _HTTP_ERROR_CODES.get(
+        status, ("INTERNAL_ERROR" if status >= 500 else "VALIDATION_ERROR", error.name)
+    )
+    headers = {k: v for k, v in error.get_headers() if k.lower() in {"allow", "retry-after"}}
+    if _wants_html():
+        return _html_error(status, message, headers)
+    return failure(status, code, message, headers=headers)
+
+
+def handle_backing_service_down(error: Exception):
+    db.session.rollback()
+    log.error(
+        "backing service unreachable request_id=%s error=%s", request_id(), type(error).__name__
+    )
+    if _wants_html():
+        return _html_error(503, "A backing service is unavailable; retry shortly")
+    return failure(
+        503,
+        "SERVICE_UNAVAILABLE",
+        "A backing service is unavailable; nothing was changed, retry shortly",
+        headers={"Retry-After": "5"},
+    )
+
+
+def handle_unexpected(error: Exception):
+    db.session.rollback()
+    # The traceback goes to the log under the request id the caller was given, never to them.
+    log.exception("unexpected error request_id=%s", request_id())
+    if _wants_html():
+        return _html_error(500, "Something went wrong on our side")
+    return failure(
+        500,
+        "INTERNAL_ERROR",
+        f"An unexpected error occurred; quote request id {request_id()} to support",
+    )
+
+
+def _wants_html() -> bool:
+    """A browser asking for a page outside the JSON API gets HTML; everything else JSON."""
+    if request.path.startswith("/api/") or request.path in {"/healthz", "/readyz"}:
+        return False
+    best = request.accept_mimetypes.best_match(["application/json", "text/html"])
+    return best == "text/html"
+
+
+def _html_error(status: int, message: str, headers: dict | None = None):
+    body = render_template("error.html", status=status, message=message, request_id=request_id())
+    return body, status, headers or {}

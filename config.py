@@ -1,0 +1,159 @@
+"""Settings read from the environment once, typed, at app creation (CONTRACT section 1).
+
+Nothing here runs at import time: `Settings.from_environ` is called by `create_app`, so tests
+pass their own mapping instead of patching `os.environ`.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+ENVIRONMENTS = ("development", "test", "production")
+DEFAULT_DATABASE_URL = "sqlite:///instance/brand.db"
+DEFAULT_RETRY_SCHEDULE = "5,300,1800,7200,18000,36000,36000"
+# Written by `make run` while its embedded Redis is up, so that CLI commands started in another
+# terminal reach the same Redis without the developer exporting REDIS_URL.
+EMBEDDED_REDIS_URL_FILE = "redis-url"
+
+
+class ConfigError(RuntimeError):
+    """A variable is missing or malformed; the message names it and never echoes a secret."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    app_env: str
+    database_url: str
+    redis_url: str | None
+    secret_key: str
+    encryption_key: str
+    port: int
+    webhook_retry_schedule: tuple[int, ...]
+    webhook_disable_failures: int
+    webhook_disable_window: int
+    webhook_timeout: float
+
+    @property
+    def is_production(self) -> bool:
+        return self.app_env == "production"
+
+    @classmethod
+    def from_environ(
+        cls, environ: Mapping[str, str], *, instance_path: str, root_path: str
+    ) -> Settings:
+        app_env = environ.get("APP_ENV", "development").strip() or "development"
+        if app_env not in ENVIRONMENTS:
+            raise ConfigError(f"APP_ENV must be one of {', '.join(ENVIRONMENTS)}, not {app_env!r}")
+        return cls(
+            app_env=app_env,
+            database_url=_database_url(
+                environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL, root_path
+            ),
+            redis_url=environ.get("REDIS_URL") or _embedded_redis_url(instance_path, app_env),
+            secret_key=_instance_secret(environ, "SECRET_KEY", instance_path, app_env),
+            encryption_key=_instance_secret(environ, "ENCRYPTION_KEY", instance_path, app_env),
+            port=_int(environ, "PORT", 5000, minimum=1, maximum=65535),
+            webhook_retry_schedule=_schedule(environ),
+            webhook_disable_failures=_int(environ, "WEBHOOK_DISABLE_FAILURES", 15, minimum=1),
+            webhook_disable_window=_int(environ, "WEBHOOK_DISABLE_WINDOW", 259200, minimum=0),
+            webhook_timeout=_float(environ, "WEBHOOK_TIMEOUT", 10.0),
+        )
+
+
+def _database_url(url: str, root_path: str) -> str:
+    """Name the psycopg 3 driver, and anchor a relative SQLite path at the project root."""
+    for scheme in ("postgres://", "postgresql://"):
+        if url.startswith(scheme):
+            return "postgresql+psycopg://" + url[len(scheme) :]
+    if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
+        relative = url[len("sqlite:///") :]
+        if relative and not relative.startswith(":memory:"):
+            path = Path(root_path, relative)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            return f"sqlite:///{path}"
+    return url
+
+
+def _embedded_redis_url(instance_path: str, app_env: str) -> str | None:
+    if app_env != "development":
+        return None
+    marker = Path(instance_path, EMBEDDED_REDIS_URL_FILE)
+    try:
+        url = marker.read_text().strip()
+    except OSError:
+        return None
+    socket_path = url.removeprefix("unix://").split("?", 1)[0]
+    return url if Path(socket_path).exists() else None
+
+
+def _instance_secret(
+    environ: Mapping[str, str], name: str, instance_path: str, app_env: str
+) -> str:
+    """The variable if set; in development and test, a value generated once into instance/."""
+    value = environ.get(name, "").strip()
+    if value:
+        return value
+    if app_env == "production":
+        raise ConfigError(f"{name} must be set when APP_ENV=production")
+    path = Path(instance_path, name.lower())
+    if path.exists():
+        return path.read_text().strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # A Fernet-compatible key (32 urlsafe-base64 bytes) serves both as session key and as the
+    # encryption key for webhook signing secrets.
+    generated = base64.urlsafe_b64encode(secrets.token_bytes(32)).decode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(generated + "\n")
+    return generated
+
+
+def _int(
+    environ: Mapping[str, str],
+    name: str,
+    default: int,
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,
+) -> int:
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a whole number, not {raw!r}") from None
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        raise ConfigError(f"{name} must be between {minimum} and {maximum}, not {value}")
+    return value
+
+
+def _float(environ: Mapping[str, str], name: str, default: float) -> float:
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number of seconds, not {raw!r}") from None
+    if value <= 0:
+        raise ConfigError(f"{name} must be positive, not {value}")
+    return value
+
+
+def _schedule(environ: Mapping[str, str]) -> tuple[int, ...]:
+    raw = environ.get("WEBHOOK_RETRY_SCHEDULE", "").strip() or DEFAULT_RETRY_SCHEDULE
+    try:
+        delays = tuple(int(part) for part in raw.split(","))
+    except ValueError:
+        raise ConfigError(
+            f"WEBHOOK_RETRY_SCHEDULE must be comma-separated seconds, not {raw!r}"
+        ) from None
+    if any(delay < 0 for delay in delays):
+        raise ConfigError("WEBHOOK_RETRY_SCHEDULE delays must not be negative")
+    return delays

@@ -1,0 +1,33 @@
+"""Extensions created unbound; `create_app` binds them with `init_app`."""
+
+from flask_migrate import Migrate
+from flask_sqlalchemy import SQLAlchemy
+from sqlalchemy import MetaData
+from sqlalchemy.orm import DeclarativeBase
+
+# Named constraints let Alembic alter and drop them, SQLite's batch mode included.
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+def render_migration_type(type_: str, obj, autogen_context):
+    """Autogenerate writes `UTCDateTime` as the plain type it stores, so that migrations never
+    import application code (which changes after the migration is written)."""
+    from models.columns import UTCDateTime
+
+    if type_ == "type" and isinstance(obj, UTCDateTime):
+        return "sa.DateTime(timezone=True)"
+    return False
+
+
+db = SQLAlchemy(model_class=Base)
+migrate = Migrate(render_as_batch=True, compare_type=True, render_item=render_migration_type)

@@ -1,0 +1,73 @@
+"""Column types and id generation shared by every model."""
+
+from __future__ import annotations
+
+import secrets
+import sqlite3
+import time
+from datetime import UTC, datetime
+
+from sqlalchemy import DateTime, String, event
+from sqlalchemy.engine import Engine
+from sqlalchemy.types import TypeDecorator
+
+_CROCKFORD32 = "0123456789abcdefghjkmnpqrstvwxyz"
+ID_LENGTH = 40
+
+
+def new_id(prefix: str) -> str:
+    """An opaque id with a type prefix (CONTRACT section 3), e.g. `key_01jd3...`.
+
+    48 bits of milliseconds then 80 random bits, in Crockford base32 (26 characters): ids sort
+    roughly by creation time, which keeps B-tree inserts local and makes id a usable tie-breaker.
+    """
+    value = (int(time.time() * 1000) << 80) | secrets.randbits(80)
+    chars = []
+    for _ in range(26):
+        chars.append(_CROCKFORD32[value & 31])
+        value >>= 5
+    return f"{prefix}_{''.join(reversed(chars))}"
+
+
+def id_column_type() -> String:
+    return String(ID_LENGTH)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator):
+    """Aware UTC datetimes in and out, on PostgreSQL and SQLite alike.
+
+    SQLite keeps no zone, so values are stored as naive UTC there and made aware on the way out;
+    a naive datetime on the way in is a programming error, not something to guess about.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given where an aware UTC datetime is required")
+        value = value.astimezone(UTC)
+        return value if dialect.name == "postgresql" else value.replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+@event.listens_for(Engine, "connect")
+def _configure_sqlite(dbapi_connection, _record) -> None:
+    """Foreign keys on; WAL and a busy timeout so the web server and worker share the file."""
+    if not isinstance(dbapi_connection, sqlite3.Connection):
+        return
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA busy_timeout=10000")
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.close()

@@ -1,0 +1,91 @@
+"""The response envelope of SPEC section 1 as schemas. The runtime builder dumps through
+`EnvelopeSchema` / `ErrorEnvelopeSchema`; the OpenAPI document describes each operation's success
+body as `envelope_for(DataSchema)`, whose `data` is typed."""
+
+from __future__ import annotations
+
+from functools import cache
+
+from marshmallow import Schema, fields
+
+from schemas.base import ApiSchema
+
+ERROR_CODES = (
+    "VALIDATION_ERROR",
+    "UNAUTHORIZED",
+    "FORBIDDEN",
+    "NOT_FOUND",
+    "METHOD_NOT_ALLOWED",
+    "CONFLICT",
+    "PAYLOAD_TOO_LARGE",
+    "RATE_LIMITED",
+    "INTERNAL_ERROR",
+    "SERVICE_UNAVAILABLE",
+)
+
+
+class PageMetaSchema(ApiSchema):
+    page = fields.Integer(required=True, metadata={"description": "Current page, from 1."})
+    limit = fields.Integer(required=True, metadata={"description": "Page size, 1-100."})
+    total = fields.Integer(required=True, metadata={"description": "Matching records."})
+    total_pages = fields.Integer(required=True)
+    has_next = fields.Boolean(required=True)
+
+
+def _envelope_fields(data: fields.Field | None, meta: fields.Field | None) -> dict:
+    """The fields in SPEC order; `data` and `meta` vary by use."""
+    declared = {
+        "status": fields.Boolean(required=True, metadata={"description": "true on success."}),
+        "status_code": fields.Integer(required=True),
+        "message": fields.String(
+            required=True, metadata={"description": "Human-readable; not for automation."}
+        ),
+    }
+    if data is not None:
+        declared["data"] = data
+    declared["request_id"] = fields.String(
+        required=True, metadata={"description": "Also sent as the X-Request-Id header."}
+    )
+    if meta is not None:
+        declared["meta"] = meta
+    return declared
+
+
+EnvelopeSchema = ApiSchema.from_dict(
+    _envelope_fields(
+        fields.Raw(metadata={"description": "Present on success."}),
+        fields.Nested(PageMetaSchema, metadata={"description": "On paginated lists."}),
+    ),
+    name="Envelope",
+)
+
+
+class ErrorEnvelopeSchema(ApiSchema):
+    status = fields.Boolean(required=True, metadata={"description": "Always false."})
+    status_code = fields.Integer(required=True)
+    message = fields.String(required=True)
+    error_code = fields.String(
+        required=True, metadata={"description": "Stable, for automation.", "enum": ERROR_CODES}
+    )
+    request_id = fields.String(required=True)
+    errors = fields.Dict(
+        keys=fields.String(),
+        values=fields.List(fields.String()),
+        metadata={
+            "description": "VALIDATION_ERROR only: messages per field; nested fields as dotted "
+            "paths (`scopes.0`)."
+        },
+    )
+
+
+@cache
+def envelope_for(data_schema: type[Schema], *, many: bool = False, paged: bool = False):
+    """A named envelope schema whose `data` is `data_schema` (for the OpenAPI document)."""
+    name = data_schema.__name__.removesuffix("Schema") + ("List" if many else "") + "Envelope"
+    return ApiSchema.from_dict(
+        _envelope_fields(
+            fields.Nested(data_schema, many=many, required=True),
+            fields.Nested(PageMetaSchema, required=True) if paged else None,
+        ),
+        name=name,
+    )

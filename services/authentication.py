@@ -1,0 +1,83 @@
+"""Who is calling, and may they do this? SPEC section 5, for the JSON API and dashboard alike."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from models.columns import utcnow
+from services import credentials
+from services.api_keys import READ, WRITE, find_key_by_secret, record_key_use
+from services.bootstrap_tokens import find_valid_bootstrap_token
+from services.errors import Forbidden, Unauthorized
+
+# SPEC section 5 rule 2: anything that does not start with this is refused outright.
+API_KEY_FAMILY_PREFIX = "svc_"
+
+
+@dataclass(frozen=True)
+class Caller:
+    """An authenticated credential: an API key, or a bootstrap token (create-key only)."""
+
+    brand_id: str
+    scopes: frozenset[str]
+    key_id: str | None = None
+    bootstrap_token_id: str | None = None
+
+    @property
+    def actor(self) -> str:
+        """How audit fields name this caller; never contains a secret."""
+        if self.key_id:
+            return f"api_key:{self.key_id}"
+        return f"bootstrap_token:{self.bootstrap_token_id}"
+
+
+def authenticate_api_key(secret: str | None, *, now: datetime | None = None) -> Caller:
+    """:raise Unauthorized: missing, malformed, unknown or revoked key, or a bootstrap token."""
+    if not secret:
+        raise Unauthorized("API key required: send it in the X-Api-Key header")
+    if secret.startswith(credentials.BOOTSTRAP_TOKEN_PREFIX):
+        raise Unauthorized("A bootstrap token is accepted only by create-key; send an API key")
+    if not secret.startswith(API_KEY_FAMILY_PREFIX) or not credentials.is_well_formed(
+        secret, credentials.API_KEY_PREFIX
+    ):
+        raise Unauthorized("Invalid API key")
+    key, revoked = find_key_by_secret(secret)
+    if key is None:
+        raise Unauthorized("Invalid API key")
+    if revoked:
+        raise Unauthorized("This API key has been revoked")
+    record_key_use(key, now or utcnow())
+    return Caller(brand_id=key.brand_id, scopes=key.scopes, key_id=key.id)
+
+
+def authenticate_bootstrap_token(token: str | None, *, now: datetime | None = None) -> Caller:
+    """:raise Unauthorized: missing, unknown, expired or revoked token, or an API key."""
+    if not token:
+        raise Unauthorized(
+            "Bootstrap token required: send it in the X-Service-Bootstrap-Token header"
+        )
+    if token.startswith(API_KEY_FAMILY_PREFIX):
+        raise Unauthorized("create-key accepts only a bootstrap token, not an API key")
+    now = now or utcnow()
+    record = find_valid_bootstrap_token(token, now)
+    if record is None:
+        raise Unauthorized("Invalid, expired or revoked bootstrap token")
+    record.last_used_at = now
+    return Caller(brand_id=record.brand_id, scopes=frozenset(), bootstrap_token_id=record.id)
+
+
+def authorize(caller: Caller, brand_id: str, scope: str | None) -> None:
+    """The caller's brand must be the one addressed, and its key must carry the scope.
+
+    `write` implies `read`: a key allowed to revoke keys may also list them.
+
+    :raise Forbidden: with the SPEC messages.
+    """
+    if caller.brand_id != brand_id:
+        kind = "API key" if caller.key_id else "Bootstrap token"
+        raise Forbidden(f"{kind} does not belong to this brand")
+    if scope == WRITE and WRITE not in caller.scopes:
+        raise Forbidden("Write scope required")
+    if scope == READ and not caller.scopes & {READ, WRITE}:
+        raise Forbidden("Read scope required")

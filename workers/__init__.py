@@ -1,0 +1,1 @@
+"""Background work on RQ: the Redis connection, the queues, and the `flask worker` command."""
