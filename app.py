@@ -8,6 +8,7 @@ import time
 from collections.abc import Mapping
 
 from flask import Flask, g, request
+from werkzeug.exceptions import RequestEntityTooLarge
 
 import models  # noqa: F401 - registers every model with the metadata before migrations read it
 from blueprints.api import API_PREFIX, register_routes
@@ -75,6 +76,10 @@ def _configure_logging() -> None:
 def _start_request() -> None:
     g.started_at = time.perf_counter()
     request_id()
+    # Refuse a declared oversized body before any work (authentication included); a chunked body
+    # without a length is still cut off at the limit when it is read.
+    if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+        raise RequestEntityTooLarge()
 
 
 def _finish_request(response):

