@@ -1,0 +1,83 @@
+"""Settings from the environment (CONTRACT section 1)."""
+
+from __future__ import annotations
+
+import pytest
+
+from config import ConfigError, Settings
+
+
+def settings(tmp_path, **environ) -> Settings:
+    return Settings.from_environ(
+        environ, instance_path=str(tmp_path / "instance"), root_path=str(tmp_path)
+    )
+
+
+def test_development_defaults(tmp_path):
+    loaded = settings(tmp_path)
+    assert loaded.app_env == "development"
+    assert loaded.database_url == f"sqlite:///{tmp_path}/instance/brand.db"
+    assert loaded.redis_url is None
+    assert loaded.port == 5000
+    assert loaded.webhook_retry_schedule == (5, 300, 1800, 7200, 18000, 36000, 36000)
+    assert (loaded.webhook_disable_failures, loaded.webhook_disable_window) == (15, 259200)
+    assert loaded.webhook_timeout == 10.0
+
+
+def test_development_secrets_are_generated_once_into_instance(tmp_path):
+    first, second = settings(tmp_path), settings(tmp_path)
+    assert first.secret_key == second.secret_key
+    assert first.encryption_key == second.encryption_key != first.secret_key
+    key_file = tmp_path / "instance" / "secret_key"
+    assert oct(key_file.stat().st_mode & 0o777) == "0o600"
+
+
+@pytest.mark.parametrize("missing", ["SECRET_KEY", "ENCRYPTION_KEY"])
+def test_production_requires_its_secrets(tmp_path, missing):
+    environ = {"APP_ENV": "production", "SECRET_KEY": "s" * 32, "ENCRYPTION_KEY": "e" * 44}
+    del environ[missing]
+    with pytest.raises(ConfigError, match=missing):
+        settings(tmp_path, **environ)
+    assert not (tmp_path / "instance" / missing.lower()).exists()
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("postgresql://u@h/db", "postgresql+psycopg://u@h/db"),
+        ("postgres://u@h/db", "postgresql+psycopg://u@h/db"),
+        ("postgresql+psycopg://u@h/db", "postgresql+psycopg://u@h/db"),
+        ("sqlite:////abs/file.db", "sqlite:////abs/file.db"),
+        ("sqlite://", "sqlite://"),
+    ],
+)
+def test_database_urls_name_the_psycopg_driver(tmp_path, url, expected):
+    assert settings(tmp_path, DATABASE_URL=url).database_url == expected
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("APP_ENV", "staging"),
+        ("PORT", "http"),
+        ("PORT", "70000"),
+        ("WEBHOOK_RETRY_SCHEDULE", "5,soon"),
+        ("WEBHOOK_RETRY_SCHEDULE", "5,-1"),
+        ("WEBHOOK_TIMEOUT", "0"),
+        ("WEBHOOK_DISABLE_FAILURES", "0"),
+    ],
+)
+def test_malformed_values_name_the_variable(tmp_path, name, value):
+    with pytest.raises(ConfigError, match=name):
+        settings(tmp_path, **{name: value})
+
+
+def test_embedded_redis_url_is_found_only_while_its_socket_exists(tmp_path):
+    instance = tmp_path / "instance"
+    instance.mkdir()
+    socket_path = tmp_path / "redis.sock"
+    (instance / "redis-url").write_text(f"unix://{socket_path}?db=0\n")
+    assert settings(tmp_path).redis_url is None
+    socket_path.touch()
+    assert settings(tmp_path).redis_url == f"unix://{socket_path}?db=0"
+    assert settings(tmp_path, APP_ENV="test").redis_url is None  # development only

@@ -1,0 +1,49 @@
+"""`flask worker`: a real RQ worker against this run's Redis."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from rq import Queue
+from rq.job import JobStatus
+
+from workers.connection import QUEUES, redis_connection
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_burst_worker_runs_queued_jobs_and_exits(app, app_environ):
+    connection = redis_connection(app)
+    queue = Queue(QUEUES[0], connection=connection)
+    job = queue.enqueue("json.dumps", {"worker": "ran"})
+
+    result = subprocess.run(
+        [sys.executable, "-m", "flask", "--app", "app", "worker", "--burst"],
+        env={**app_environ, "PATH": "/usr/bin:/bin"},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    job.refresh()
+    assert job.get_status() == JobStatus.FINISHED
+    assert job.return_value() == '{"worker": "ran"}'
+
+
+def test_worker_without_redis_is_a_clear_error(app_environ):
+    environ = {key: value for key, value in app_environ.items() if key != "REDIS_URL"}
+    result = subprocess.run(
+        [sys.executable, "-m", "flask", "--app", "app", "worker", "--burst"],
+        env={**environ, "PATH": "/usr/bin:/bin"},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "REDIS_URL is not set" in result.stderr
