@@ -6,11 +6,13 @@ from flask import Blueprint, current_app, render_template
 from sqlalchemy import text
 
 from blueprints.api.openapi import openapi_spec
+from blueprints.docs_rendering import register_docs_helpers
 from blueprints.envelope import failure, success
 from extensions import db
 from workers.connection import redis_connection
 
 system = Blueprint("system", __name__)
+register_docs_helpers(system)
 
 
 @system.get("/healthz")

@@ -28,7 +28,19 @@ _ERROR_RESPONSES = {
     "Unauthorized": (401, "UNAUTHORIZED: missing, malformed, unknown or revoked credential."),
     "Forbidden": (403, "FORBIDDEN: the credential is of another brand, or lacks the scope."),
     "NotFound": (404, "NOT_FOUND: no such record in this brand."),
+    "MethodNotAllowed": (
+        405,
+        "METHOD_NOT_ALLOWED: the path exists; the `Allow` header lists its methods.",
+    ),
+    "Conflict": (
+        409,
+        "CONFLICT: the same Idempotency-Key is still in flight; retry after `Retry-After`.",
+    ),
     "PayloadTooLarge": (413, "PAYLOAD_TOO_LARGE: the body is over 64 KiB."),
+    "RateLimited": (
+        429,
+        "RATE_LIMITED: too many requests for this key; retry after `Retry-After`.",
+    ),
     "InternalError": (500, "INTERNAL_ERROR: unexpected; quote the requestId to support."),
     "ServiceUnavailable": (503, "SERVICE_UNAVAILABLE: database or Redis unreachable; retry."),
 }
@@ -150,6 +162,8 @@ def _operation(declared, auth, arguments) -> dict:
 
 
 def _may_fail_with(status: int, declared, auth, arguments) -> bool:
+    if status in (405, 409, 429):
+        return status in declared.errors  # described once in components for every client
     if status == 400:
         return declared.body is not None or declared.query is not None
     if status in (401, 403):
