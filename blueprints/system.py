@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, current_app, render_template
+from flask import Blueprint, current_app, redirect, render_template, url_for
 from sqlalchemy import text
 
 from blueprints.api.openapi import openapi_spec
@@ -13,6 +13,12 @@ from workers.connection import redis_connection
 
 system = Blueprint("system", __name__)
 register_docs_helpers(system)
+
+
+@system.get("/")
+def index():
+    """The root has nothing of its own: send people to the API reference."""
+    return redirect(url_for("system.docs"))
 
 
 @system.get("/healthz")

@@ -376,7 +376,6 @@ def announce(port: int, redis_url: str, embedded: bool) -> None:
                 "",
                 f"  API base   {base}/api/v1",
                 f"  API docs   {base}/docs",
-                f"  Dashboard  {base}/dashboard",
                 f"  Redis      {redis_note}",
                 "  Ctrl-C stops everything.",
                 "",

@@ -175,3 +175,20 @@ def test_envelope_keys_follow_the_spec(client):
     assert list(body) == ["status", "statusCode", "message", "data", "requestId"]
     error = client.get("/api/v1/nope").get_json()
     assert list(error) == ["status", "statusCode", "message", "errorCode", "requestId"]
+
+
+def test_pages_forbid_framing_sniffing_and_foreign_resources(client):
+    page = client.get("/docs")
+    assert page.status_code == 200
+    policy = page.headers["Content-Security-Policy"]
+    assert "default-src 'none'" in policy and "style-src 'self'" in policy
+    assert "frame-ancestors 'none'" in policy
+    for response in (page, client.get("/healthz")):
+        assert response.headers["X-Frame-Options"] == "DENY"
+        assert response.headers["X-Content-Type-Options"] == "nosniff"
+
+
+def test_root_sends_people_to_the_api_reference(client):
+    response = client.get("/")
+    assert response.status_code == 302
+    assert response.headers["Location"].endswith("/docs")
