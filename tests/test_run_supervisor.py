@@ -254,8 +254,29 @@ def test_first_run_seeds_serves_and_stops_everything_on_ctrl_c(tmp_path, launch,
     status, body = create_first_key(supervisor, brand[1], token[1])
     assert status == 201, body
     assert "svc_live_" in json.dumps(body)
+    assert_revocation_is_immediate_across_workers(supervisor, brand[1], body["data"]["secret"])
 
     assert_stopped_cleanly(supervisor, marker_before)
+
+
+def assert_revocation_is_immediate_across_workers(
+    supervisor: Supervisor, brand_id: str, secret: str
+) -> None:
+    """gunicorn runs two worker processes: whichever answers, a revoked key fails at once."""
+    api = f"{supervisor.base}/api/v1/brand/{brand_id}/api-key"
+    status, spare = http(
+        "POST", f"{api}/rotate-key", headers={"X-Api-Key": secret}, body={"name": "spare"}
+    )
+    assert status == 201, spare
+    spare_secret, spare_id = spare["data"]["secret"], spare["data"]["id"]
+    for _ in range(10):  # warm both workers with the key still valid
+        assert http("GET", f"{api}/fetch-keys", headers={"X-Api-Key": spare_secret})[0] == 200
+    status, _ = http("DELETE", f"{api}/{spare_id}/revoke-key", headers={"X-Api-Key": secret})
+    assert status == 200
+    answers = {
+        http("GET", f"{api}/fetch-keys", headers={"X-Api-Key": spare_secret})[0] for _ in range(20)
+    }
+    assert answers == {401}
 
 
 def test_later_run_does_not_seed_again_and_still_serves(tmp_path, launch, marker_before):
