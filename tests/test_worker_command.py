@@ -14,29 +14,8 @@ from workers.connection import QUEUES, redis_connection
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_burst_worker_runs_queued_jobs_and_exits(app, app_environ):
-    connection = redis_connection(app)
-    queue = Queue(QUEUES[0], connection=connection)
-    job = queue.enqueue("json.dumps", {"worker": "ran"})
-
-    result = subprocess.run(
-        [sys.executable, "-m", "flask", "--app", "app", "worker", "--burst"],
-        env={**app_environ, "PATH": "/usr/bin:/bin"},
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    job.refresh()
-    assert job.get_status() == JobStatus.FINISHED
-    assert job.return_value() == '{"worker": "ran"}'
-
-
-def test_worker_without_redis_is_a_clear_error(app_environ):
-    environ = {key: value for key, value in app_environ.items() if key != "REDIS_URL"}
-    result = subprocess.run(
+def run_burst_worker(environ: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
         [sys.executable, "-m", "flask", "--app", "app", "worker", "--burst"],
         env={**environ, "PATH": "/usr/bin:/bin"},
         cwd=ROOT,
@@ -45,5 +24,21 @@ def test_worker_without_redis_is_a_clear_error(app_environ):
         timeout=60,
         check=False,
     )
+
+
+def test_burst_worker_runs_queued_jobs_and_exits(app, app_environ):
+    queue = Queue(QUEUES[0], connection=redis_connection(app))
+    job = queue.enqueue("json.dumps", {"worker": "ran"})
+
+    result = run_burst_worker(app_environ)
+
+    assert result.returncode == 0, result.stderr
+    job.refresh()
+    assert job.get_status() == JobStatus.FINISHED
+    assert job.return_value() == '{"worker": "ran"}'
+
+
+def test_worker_without_redis_is_a_clear_error(app_environ):
+    result = run_burst_worker({k: v for k, v in app_environ.items() if k != "REDIS_URL"})
     assert result.returncode != 0
     assert "REDIS_URL is not set" in result.stderr
