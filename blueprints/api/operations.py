@@ -51,8 +51,10 @@ def operation(**declaration):
             if query_schema is not None:
                 kwargs["query"] = _load(query_schema, request.args.to_dict(flat=True))
             result = view(*args, **kwargs)
-            db.session.commit()
+            # Dumped before the commit, which expires ORM objects: reading them afterwards
+            # would cost a SELECT per object to reload what this request just wrote.
             data = response_schema.dump(result) if response_schema is not None else None
+            db.session.commit()
             return success(data, status_code=spec.status, message=spec.message)
 
         operation_view.operation = spec
