@@ -7,7 +7,7 @@ import os
 import time
 from collections.abc import Mapping
 
-from flask import Flask, g, request
+from flask import Flask, current_app, g, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 import models  # noqa: F401 - registers every model with the metadata before migrations read it
@@ -78,7 +78,8 @@ def _start_request() -> None:
     request_id()
     # Refuse a declared oversized body before any work (authentication included); a chunked body
     # without a length is still cut off at the limit when it is read.
-    if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+    limit = current_app.config["MAX_CONTENT_LENGTH"]
+    if request.content_length is not None and request.content_length > limit:
         raise RequestEntityTooLarge()
 
 

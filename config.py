@@ -16,6 +16,7 @@ from pathlib import Path
 ENVIRONMENTS = ("development", "test", "production")
 DEFAULT_DATABASE_URL = "sqlite:///instance/brand.db"
 DEFAULT_RETRY_SCHEDULE = "5,300,1800,7200,18000,36000,36000"
+DEFAULT_PORT = 5000
 # Written by `make run` while its embedded Redis is up, so that CLI commands started in another
 # terminal reach the same Redis without the developer exporting REDIS_URL.
 EMBEDDED_REDIS_URL_FILE = "redis-url"
@@ -57,12 +58,17 @@ class Settings:
             redis_url=environ.get("REDIS_URL") or _embedded_redis_url(instance_path, app_env),
             secret_key=_instance_secret(environ, "SECRET_KEY", instance_path, app_env),
             encryption_key=_instance_secret(environ, "ENCRYPTION_KEY", instance_path, app_env),
-            port=_int(environ, "PORT", 5000, minimum=1, maximum=65535),
+            port=read_port(environ),
             webhook_retry_schedule=_schedule(environ),
             webhook_disable_failures=_int(environ, "WEBHOOK_DISABLE_FAILURES", 15, minimum=1),
             webhook_disable_window=_int(environ, "WEBHOOK_DISABLE_WINDOW", 259200, minimum=0),
             webhook_timeout=_float(environ, "WEBHOOK_TIMEOUT", 10.0),
         )
+
+
+def read_port(environ: Mapping[str, str]) -> int:
+    """PORT (CONTRACT 1): also read by `make run` before it starts anything."""
+    return _int(environ, "PORT", DEFAULT_PORT, minimum=1, maximum=65535)
 
 
 def _database_url(url: str, root_path: str) -> str:

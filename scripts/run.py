@@ -51,11 +51,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from config import EMBEDDED_REDIS_URL_FILE  # noqa: E402 - needs the repo root on sys.path
+import config  # noqa: E402 - needs the repo root on sys.path
+from config import EMBEDDED_REDIS_URL_FILE  # noqa: E402
 from workers.embedded_redis import EmbeddedRedis  # noqa: E402
 
 INSTANCE_DIR = REPO / "instance"
-DEFAULT_PORT = 5000
 STOP_TIMEOUT = 10.0  # seconds the children get for a graceful shutdown before SIGKILL
 READY_TIMEOUT = 30.0  # how long to wait for gunicorn to listen before printing the banner anyway
 POLL_INTERVAL = 0.2
@@ -128,14 +128,10 @@ def flask_command(*args: str) -> list[str]:
 
 def read_port() -> int:
     """PORT, checked here so that a typo fails before anything starts."""
-    raw = os.environ.get("PORT", "").strip() or str(DEFAULT_PORT)
     try:
-        port = int(raw)
-    except ValueError:
-        raise SetupFailed(f"PORT must be a whole number, not {raw!r}") from None
-    if not 1 <= port <= 65535:
-        raise SetupFailed(f"PORT must be between 1 and 65535, not {port}")
-    return port
+        return config.read_port(os.environ)
+    except config.ConfigError as error:
+        raise SetupFailed(str(error)) from None
 
 
 def check_port_free(port: int) -> None:
