@@ -3,5 +3,16 @@
 from models.api_key import ApiKey
 from models.bootstrap_token import BootstrapToken
 from models.brand import Brand
+from models.webhook_delivery import WebhookAttempt, WebhookDelivery
+from models.webhook_endpoint import WebhookEndpoint
+from models.webhook_event import WebhookEvent
 
-__all__ = ["ApiKey", "BootstrapToken", "Brand"]
+__all__ = [
+    "ApiKey",
+    "BootstrapToken",
+    "Brand",
+    "WebhookAttempt",
+    "WebhookDelivery",
+    "WebhookEndpoint",
+    "WebhookEvent",
+]

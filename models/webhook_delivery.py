@@ -1,0 +1,102 @@
+"""A delivery of one event to one endpoint, and the attempts made to deliver it."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import JSON, ForeignKey, Index, Integer, String, Text, text
+from sqlalchemy.orm import Mapped, mapped_column
+
+from extensions import db
+from models.columns import UTCDateTime, id_column_type, new_id, utcnow
+
+PENDING = "pending"
+DELIVERED = "delivered"
+FAILED = "failed"
+DELIVERY_STATUSES = (PENDING, DELIVERED, FAILED)
+ERROR_MAX_LENGTH = 500
+RESPONSE_BODY_MAX_BYTES = 2048
+
+_PENDING_ONLY = text("status = 'pending'")
+
+
+class WebhookDelivery(db.Model):
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        # The delivery log (fetch-deliveries): a brand's rows newest (or oldest) first, alone or
+        # filtered by status, event or endpoint; each filter has an index in the sort order.
+        Index("ix_webhook_deliveries_brand_created", "brand_id", "created_at", "id"),
+        Index("ix_webhook_deliveries_brand_status", "brand_id", "status", "created_at", "id"),
+        Index("ix_webhook_deliveries_brand_event", "brand_id", "event_name", "created_at", "id"),
+        Index("ix_webhook_deliveries_endpoint_created", "endpoint_id", "created_at", "id"),
+        # Work to do: an endpoint's due deliveries (claims, disabling) and all due ones (sweeps).
+        # Partial, so they stay small however many delivered rows the log keeps.
+        Index(
+            "ix_webhook_deliveries_endpoint_due",
+            "endpoint_id",
+            "next_attempt_at",
+            postgresql_where=_PENDING_ONLY,
+            sqlite_where=_PENDING_ONLY,
+        ),
+        Index(
+            "ix_webhook_deliveries_due",
+            "next_attempt_at",
+            postgresql_where=_PENDING_ONLY,
+            sqlite_where=_PENDING_ONLY,
+        ),
+    )
+
+    id: Mapped[str] = mapped_column(
+        id_column_type(), primary_key=True, default=lambda: new_id("whd")
+    )
+    brand_id: Mapped[str] = mapped_column(
+        id_column_type(), ForeignKey("brands.id", ondelete="CASCADE")
+    )
+    endpoint_id: Mapped[str] = mapped_column(
+        id_column_type(), ForeignKey("webhook_endpoints.id", ondelete="CASCADE")
+    )
+    event_id: Mapped[str] = mapped_column(
+        id_column_type(), ForeignKey("webhook_events.id", ondelete="CASCADE")
+    )
+    event_name: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(10), default=PENDING)
+    http_status: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    attempt_count: Mapped[int] = mapped_column(Integer, default=0)
+    last_error: Mapped[str | None] = mapped_column(String(ERROR_MAX_LENGTH), nullable=True)
+    delivered_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # When the next attempt is due; null once the delivery is settled.
+    next_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # A worker's claim: no other worker attempts the delivery until the lease expires, which
+    # it does by itself if that worker dies mid-attempt.
+    leased_until: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    lease_token: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+    @property
+    def next_retry_at(self) -> datetime | None:
+        """SPEC's `nextRetryAt`: when a retry after a failed attempt is due."""
+        return self.next_attempt_at if self.status == PENDING and self.attempt_count else None
+
+    def __repr__(self) -> str:
+        return f"<WebhookDelivery {self.id} {self.event_name} {self.status}>"
+
+
+class WebhookAttempt(db.Model):
+    __tablename__ = "webhook_attempts"
+
+    delivery_id: Mapped[str] = mapped_column(
+        id_column_type(),
+        ForeignKey("webhook_deliveries.id", ondelete="CASCADE"),
+        primary_key=True,
+    )
+    attempt_number: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    requested_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    duration_ms: Mapped[int] = mapped_column(Integer)
+    http_status: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    error: Mapped[str | None] = mapped_column(String(ERROR_MAX_LENGTH), nullable=True)
+    response_body: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # Exactly the headers sent (the signature is an HMAC, not the secret).
+    request_headers: Mapped[dict] = mapped_column(JSON)
+
+    def __repr__(self) -> str:
+        return f"<WebhookAttempt {self.delivery_id}#{self.attempt_number}>"

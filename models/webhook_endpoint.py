@@ -1,0 +1,50 @@
+"""A webhook endpoint: a receiver URL of the brand's, the events it subscribes to, and the
+encrypted secret its deliveries are signed with."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import JSON, ForeignKey, Index, Integer, String, Text
+from sqlalchemy.orm import Mapped, mapped_column
+
+from extensions import db
+from models.columns import UTCDateTime, id_column_type, new_id, utcnow
+
+URL_MAX_LENGTH = 2048
+
+
+class WebhookEndpoint(db.Model):
+    __tablename__ = "webhook_endpoints"
+    __table_args__ = (
+        # fetch-endpoints and fan-out read a brand's endpoints that were not deleted.
+        Index("ix_webhook_endpoints_brand_id_deleted_at", "brand_id", "deleted_at"),
+    )
+
+    id: Mapped[str] = mapped_column(
+        id_column_type(), primary_key=True, default=lambda: new_id("whe")
+    )
+    brand_id: Mapped[str] = mapped_column(
+        id_column_type(), ForeignKey("brands.id", ondelete="CASCADE")
+    )
+    url: Mapped[str] = mapped_column(String(URL_MAX_LENGTH))
+    events: Mapped[list[str]] = mapped_column(JSON)
+    # Fernet ciphertext (services/secret_box.py); the plain secret is shown once and never stored.
+    secret_ciphertext: Mapped[str] = mapped_column(Text)
+    consecutive_failures: Mapped[int] = mapped_column(Integer, default=0)
+    # When the oldest failed attempt of the current run of consecutive failures was made: the
+    # disable rule (CONTRACT 6.2) needs the run to be both long and old.
+    failing_since: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    disabled_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    disabled_reason: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    # Deleted endpoints stay as rows so that their deliveries remain in the log.
+    deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+    @property
+    def is_active(self) -> bool:
+        return self.disabled_at is None and self.deleted_at is None
+
+    def __repr__(self) -> str:
+        return f"<WebhookEndpoint {self.id} {self.url}>"
