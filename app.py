@@ -18,6 +18,8 @@ from blueprints.system import system
 from commands import register_commands
 from config import Settings
 from extensions import db, migrate
+from services.secret_box import SecretBox
+from workers import dispatch
 
 MAX_BODY_BYTES = 64 * 1024
 access_log = logging.getLogger("brand_api.access")
@@ -32,6 +34,7 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
         root_path=app.root_path,
     )
     app.extensions["settings"] = settings
+    app.extensions["secret_box"] = SecretBox(settings.encryption_key)
     app.config.update(
         SECRET_KEY=settings.secret_key,
         SQLALCHEMY_DATABASE_URI=settings.database_url,
@@ -51,6 +54,7 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
     app.register_blueprint(system)
     register_error_handlers(app)
     register_commands(app)
+    dispatch.install(app)
     app.before_request(_start_request)
     app.after_request(_finish_request)
     return app

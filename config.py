@@ -38,6 +38,7 @@ class Settings:
     webhook_disable_failures: int
     webhook_disable_window: int
     webhook_timeout: float
+    webhook_sweep_interval: float
 
     @property
     def is_production(self) -> bool:
@@ -63,6 +64,7 @@ class Settings:
             webhook_disable_failures=_int(environ, "WEBHOOK_DISABLE_FAILURES", 15, minimum=1),
             webhook_disable_window=_int(environ, "WEBHOOK_DISABLE_WINDOW", 259200, minimum=0),
             webhook_timeout=_float(environ, "WEBHOOK_TIMEOUT", 10.0),
+            webhook_sweep_interval=_float(environ, "WEBHOOK_SWEEP_INTERVAL", 10.0),
         )
 
 

@@ -22,14 +22,16 @@ class ApiSchema(Schema):
         field_obj.data_key = camelcase(field_obj.data_key or field_name)
 
 
-class Timestamp(fields.DateTime):
+def iso_timestamp(value: datetime) -> str:
     """ISO 8601 in UTC with a `Z` and milliseconds (CONTRACT section 3)."""
+    return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class Timestamp(fields.DateTime):
+    """A timestamp field written by `iso_timestamp`."""
 
     def _serialize(self, value: datetime | None, attr, obj, **kwargs):
-        if value is None:
-            return None
-        text = value.astimezone(UTC).isoformat(timespec="milliseconds")
-        return text.replace("+00:00", "Z")
+        return None if value is None else iso_timestamp(value)
 
 
 class Label(fields.String):

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from functools import cache
 
-from marshmallow import Schema, fields
+from marshmallow import Schema, fields, validate
 
 from schemas.base import ApiSchema
+from services.pagination import DEFAULT_LIMIT, MAX_LIMIT
 
 ERROR_CODES = (
     "VALIDATION_ERROR",
@@ -22,6 +23,19 @@ ERROR_CODES = (
     "INTERNAL_ERROR",
     "SERVICE_UNAVAILABLE",
 )
+
+
+class PageQuerySchema(ApiSchema):
+    """`page` and `limit` of every list (CONTRACT section 3); lists add their filters."""
+
+    page = fields.Integer(
+        load_default=1, validate=validate.Range(min=1), metadata={"description": "From 1."}
+    )
+    limit = fields.Integer(
+        load_default=DEFAULT_LIMIT,
+        validate=validate.Range(min=1, max=MAX_LIMIT),
+        metadata={"description": f"Page size, 1-{MAX_LIMIT}; default {DEFAULT_LIMIT}."},
+    )
 
 
 class PageMetaSchema(ApiSchema):

@@ -1,4 +1,5 @@
-"""Minting, recognising and hashing the service's secrets (API keys and bootstrap tokens).
+"""Minting, recognising and hashing the service's secrets (API keys, bootstrap tokens and webhook
+signing secrets).
 
 A secret is `prefix + 32 random base62 characters + 6-character checksum`. The checksum (CRC32 of
 the rest) lets a typo or a truncated paste be refused without a database lookup, and lets secret
@@ -16,6 +17,8 @@ import zlib
 
 API_KEY_PREFIX = "svc_live_"
 BOOTSTRAP_TOKEN_PREFIX = "bst_"  # noqa: S105 - a prefix, not a token
+# Signing secrets are encrypted at rest, not hashed: the worker needs them to sign.
+SIGNING_SECRET_PREFIX = "whsec_"  # noqa: S105 - a prefix, not a secret
 KEY_PREFIX_LENGTH = 12
 
 _BASE62 = string.digits + string.ascii_letters

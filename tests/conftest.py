@@ -16,6 +16,8 @@ from services.api_keys import create_api_key
 from services.bootstrap_tokens import issue_bootstrap_token
 from services.brands import create_brand
 from tests.backends import Backends, open_backends
+from tests.receiver import Receiver
+from tests.worker_process import WorkerProcess
 
 TEST_SECRET_KEY = "test-secret-key-not-for-production"
 TEST_ENCRYPTION_KEY = "dGVzdC1lbmNyeXB0aW9uLWtleS0zMi1ieXRlcyEhISE="
@@ -135,3 +137,20 @@ def _announce_backends(request) -> None:
     capture = request.config.pluginmanager.getplugin("capturemanager")
     with capture.global_and_fixture_disabled():
         print(f"\nbackends: database={backends.database_kind} redis={backends.redis_kind}")
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    """A real HTTP receiver on 127.0.0.1 that checks signatures with its own HMAC code."""
+    server = Receiver()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def webhook_worker(app, app_environ) -> Iterator[WorkerProcess]:
+    """One real `flask worker` process (retries after 1 s, 1 s timeout, sweeps every second)
+    shared by a module's tests."""
+    worker = WorkerProcess(app_environ)
+    yield worker
+    worker.stop()

@@ -81,3 +81,11 @@ def test_embedded_redis_url_is_found_only_while_its_socket_exists(tmp_path):
     socket_path.touch()
     assert settings(tmp_path).redis_url == f"unix://{socket_path}?db=0"
     assert settings(tmp_path, APP_ENV="test").redis_url is None  # development only
+
+
+def test_an_encryption_key_that_is_not_a_fernet_key_stops_the_app(app_environ):
+    from app import create_app
+
+    with pytest.raises(ConfigError, match="ENCRYPTION_KEY must be") as raised:
+        create_app({**app_environ, "ENCRYPTION_KEY": "not-a-fernet-key-at-all"})
+    assert "not-a-fernet-key-at-all" not in str(raised.value)

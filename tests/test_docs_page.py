@@ -19,7 +19,7 @@ ENVIRON = {
     "APP_ENV": "test",
     "DATABASE_URL": "sqlite://",
     "SECRET_KEY": "x",
-    "ENCRYPTION_KEY": "y",
+    "ENCRYPTION_KEY": "dGVzdC1lbmNyeXB0aW9uLWtleS0zMi1ieXRlcyEhISE=",
 }
 CURL = re.compile(r"<pre><code>(curl .*?)</code></pre>", re.DOTALL)
 JSON_BODY = re.compile(r"-d '(.*)'\s*$", re.DOTALL)

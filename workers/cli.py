@@ -2,24 +2,57 @@
 
 from __future__ import annotations
 
+import logging
+
 import click
 from flask import current_app
 from flask.cli import with_appcontext
 from rq import SimpleWorker
 
+from extensions import db
 from workers.connection import QUEUES, redis_connection
+from workers.sweeper import sweep
+
+log = logging.getLogger("brand_api.webhooks")
+
+
+class DeliveryWorker(SimpleWorker):
+    """SimpleWorker runs jobs in this process, inside the app context the command opened: no
+    fork per job (about 16 jobs/s with the forking worker here, 200+ without), and the app, its
+    connection pool and its HTTP session are built once.
+
+    RQ's maintenance tick, which already cleans registries, also runs the sweeper; the dequeue
+    wait is cut to the sweep interval so that an idle worker still ticks on time.
+    """
+
+    def __init__(self, *args, sweep_interval: float, **kwargs) -> None:
+        self.sweep_interval = sweep_interval  # read by dequeue_timeout during __init__
+        super().__init__(*args, maintenance_interval=sweep_interval, **kwargs)
+
+    @property
+    def dequeue_timeout(self) -> int:
+        return max(1, round(self.sweep_interval))
+
+    def run_maintenance_tasks(self) -> None:
+        super().run_maintenance_tasks()
+        try:
+            sweep(current_app._get_current_object())
+        except Exception:
+            # A database or Redis outage must not stop the worker; the next tick sweeps again.
+            log.exception("webhook sweep failed")
+            db.session.rollback()
 
 
 @click.command("worker")
 @click.option("--burst", is_flag=True, help="Work until the queues are empty, then exit.")
 @with_appcontext
 def worker_command(burst: bool) -> None:
-    """Run an RQ worker (with its scheduler) on the service's queues."""
+    """Run an RQ worker (with its scheduler and the delivery sweeper) on the service's queues."""
     connection = redis_connection(current_app)
     if connection is None:
         raise click.ClickException("REDIS_URL is not set; start Redis or use `make run`")
-    # SimpleWorker runs jobs in this process, inside the app context opened above: no fork per
-    # job (about 16 jobs/s with the forking worker here, 200+ without) and the app, its
-    # connection pool and its HTTP session are built once.
-    worker = SimpleWorker(list(QUEUES), connection=connection)
+    settings = current_app.extensions["settings"]
+    worker = DeliveryWorker(
+        list(QUEUES), connection=connection, sweep_interval=settings.webhook_sweep_interval
+    )
     worker.work(burst=burst, with_scheduler=True)

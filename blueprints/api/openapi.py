@@ -21,6 +21,8 @@ _PATH_PARAMETER = re.compile(r"<(?:[a-z_]+:)?([a-z_]+)>")
 PATH_PARAMETER_DESCRIPTIONS = {
     "brandId": "The brand workspace id (`brd_…`); must be the brand of the credential.",
     "keyId": "An API key id (`key_…`) from create-key or fetch-keys.",
+    "endpointId": "A webhook endpoint id (`whe_…`) from register-endpoint or fetch-endpoints.",
+    "deliveryId": "A webhook delivery id (`whd_…`) from fetch-deliveries, send-test or redeliver.",
 }
 
 _ERROR_RESPONSES = {
@@ -136,7 +138,11 @@ def _operation(declared, auth, arguments) -> dict:
         responses[str(declared.status)] = {
             "description": declared.message,
             "content": {
-                "application/json": {"schema": envelope_for(declared.response, many=declared.many)}
+                "application/json": {
+                    "schema": envelope_for(
+                        declared.response, many=declared.many, paged=declared.paged
+                    )
+                }
             },
         }
     for name, (status, _description) in _ERROR_RESPONSES.items():

@@ -14,10 +14,12 @@ from werkzeug.exceptions import RequestEntityTooLarge
 
 from blueprints.envelope import success
 from extensions import db
+from schemas.envelope import PageMetaSchema
 from services.errors import ValidationFailed
 
 # Where errors about the body as a whole (not one field) are reported in `errors`.
 BODY = "body"
+_page_meta = PageMetaSchema()
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,8 @@ class Operation:
     query: type[Schema] | None = None
     response: type[Schema] | None = None
     many: bool = False
+    # The view returns a `services.pagination.Page`; its paging goes to `meta`.
+    paged: bool = False
     status: int = 200
     message: str = "OK"
     errors: tuple[int, ...] = field(default_factory=tuple)
@@ -54,8 +58,9 @@ def operation(**declaration):
             # Dumped before the commit, which expires ORM objects: reading them afterwards
             # would cost a SELECT per object to reload what this request just wrote.
             data = response_schema.dump(result) if response_schema is not None else None
+            meta = _page_meta.dump(result) if spec.paged else None
             db.session.commit()
-            return success(data, status_code=spec.status, message=spec.message)
+            return success(data, status_code=spec.status, message=spec.message, meta=meta)
 
         operation_view.operation = spec
         return operation_view

@@ -1,0 +1,180 @@
+"""Webhook endpoint and delivery routes (SPEC section 4, CONTRACT section 4)."""
+
+from __future__ import annotations
+
+from blueprints.api import api
+from blueprints.api.auth import authenticate
+from blueprints.api.operations import operation
+from schemas.webhooks import (
+    DeletedEndpointSchema,
+    DeliveryDetailSchema,
+    DeliveryListSchema,
+    DeliveryQuerySchema,
+    EndpointListSchema,
+    EndpointRegisterSchema,
+    EndpointSchema,
+    EndpointUpdateSchema,
+    IssuedEndpointSchema,
+    QueuedDeliverySchema,
+    RotatedSecretSchema,
+)
+from services.api_keys import READ, WRITE
+from services.deliveries import get_delivery_detail, list_deliveries, redeliver
+from services.webhook_endpoints import (
+    current_url_policy,
+    delete_endpoint,
+    list_endpoints,
+    register_endpoint,
+    rotate_signing_secret,
+    send_test_ping,
+    update_endpoint,
+)
+
+ENDPOINTS = "Webhook endpoints"
+DELIVERIES = "Webhook deliveries"
+SIGNATURE_HELP = (
+    " Deliveries are signed: `X-Service-Signature: sha256=<hex>` is HMAC-SHA256 over "
+    "`{X-Service-Timestamp}.{rawBody}` with the signing secret."
+)
+
+
+@api.post("/brand/<brand_id>/webhook/register-endpoint")
+@authenticate(scope=WRITE)
+@operation(
+    operation_id="registerWebhookEndpoint",
+    tag=ENDPOINTS,
+    summary="Register a webhook endpoint",
+    description="Returns the signing secret once: store it to verify deliveries." + SIGNATURE_HELP,
+    body=EndpointRegisterSchema,
+    response=IssuedEndpointSchema,
+    status=201,
+    message="Webhook endpoint registered; store the signing secret now, it is not shown again",
+)
+def register_webhook_endpoint(brand_id: str, body: dict):
+    return register_endpoint(
+        brand_id=brand_id, url=body["url"], events=body["events"], policy=current_url_policy()
+    )
+
+
+@api.get("/brand/<brand_id>/webhook/fetch-endpoints")
+@authenticate(scope=READ)
+@operation(
+    operation_id="fetchWebhookEndpoints",
+    tag=ENDPOINTS,
+    summary="List the brand's webhook endpoints",
+    description="Active and disabled endpoints, oldest first. Signing secrets are never listed.",
+    response=EndpointListSchema,
+)
+def fetch_webhook_endpoints(brand_id: str):
+    return {"endpoints": list_endpoints(brand_id)}
+
+
+@api.patch("/brand/<brand_id>/webhook/<endpoint_id>/update-endpoint")
+@authenticate(scope=WRITE)
+@operation(
+    operation_id="updateWebhookEndpoint",
+    tag=ENDPOINTS,
+    summary="Change an endpoint's URL or events, or disable or re-enable it",
+    description="Give any of `url`, `events`, `isActive`. Re-enabling (`isActive: true`) "
+    "clears `disabledAt` and `consecutiveFailures`; deliveries failed while it was disabled "
+    "can be sent again with redeliver.",
+    body=EndpointUpdateSchema,
+    response=EndpointSchema,
+    message="Webhook endpoint updated",
+)
+def update_webhook_endpoint(brand_id: str, endpoint_id: str, body: dict):
+    return update_endpoint(
+        brand_id=brand_id, endpoint_id=endpoint_id, policy=current_url_policy(), **body
+    )
+
+
+@api.post("/brand/<brand_id>/webhook/<endpoint_id>/rotate-secret")
+@authenticate(scope=WRITE)
+@operation(
+    operation_id="rotateWebhookSecret",
+    tag=ENDPOINTS,
+    summary="Replace an endpoint's signing secret",
+    description="Effective at once: every attempt from now on, retries included, is signed "
+    "with the new secret only. Deploy it to your receiver first, or accept both for a while.",
+    response=RotatedSecretSchema,
+    message="Signing secret rotated; store it now, it is not shown again",
+)
+def rotate_webhook_secret(brand_id: str, endpoint_id: str):
+    return rotate_signing_secret(brand_id=brand_id, endpoint_id=endpoint_id)
+
+
+@api.delete("/brand/<brand_id>/webhook/<endpoint_id>/delete-endpoint")
+@authenticate(scope=WRITE)
+@operation(
+    operation_id="deleteWebhookEndpoint",
+    tag=ENDPOINTS,
+    summary="Delete a webhook endpoint",
+    description="Its pending deliveries end as `failed`; its past deliveries stay in the log.",
+    response=DeletedEndpointSchema,
+    message="Webhook endpoint deleted",
+)
+def delete_webhook_endpoint(brand_id: str, endpoint_id: str):
+    return delete_endpoint(brand_id=brand_id, endpoint_id=endpoint_id)
+
+
+@api.post("/brand/<brand_id>/webhook/<endpoint_id>/send-test")
+@authenticate(scope=READ)
+@operation(
+    operation_id="sendWebhookTest",
+    tag=ENDPOINTS,
+    summary="Send a test ping to an endpoint",
+    description="Queues a `webhook.test` delivery to this endpoint whatever its "
+    "subscriptions. A disabled endpoint answers NOT_FOUND.",
+    response=QueuedDeliverySchema,
+    status=202,
+    message="Test ping queued",
+)
+def send_webhook_test(brand_id: str, endpoint_id: str):
+    return {"delivery_id": send_test_ping(brand_id=brand_id, endpoint_id=endpoint_id)}
+
+
+@api.get("/brand/<brand_id>/webhook/fetch-deliveries")
+@authenticate(scope=READ)
+@operation(
+    operation_id="fetchWebhookDeliveries",
+    tag=DELIVERIES,
+    summary="The delivery log",
+    description="Every delivery of the brand's events, newest first unless `sortOrder=asc`; "
+    "filter by status, event or endpoint. Paging in `meta`.",
+    query=DeliveryQuerySchema,
+    response=DeliveryListSchema,
+    paged=True,
+)
+def fetch_webhook_deliveries(brand_id: str, query: dict):
+    return list_deliveries(brand_id=brand_id, **query)
+
+
+@api.get("/brand/<brand_id>/webhook/deliveries/<delivery_id>")
+@authenticate(scope=READ)
+@operation(
+    operation_id="fetchWebhookDelivery",
+    tag=DELIVERIES,
+    summary="One delivery with its attempts and payload",
+    description="Each attempt's time, duration, HTTP status, error, the first 2 KiB of the "
+    "answer and the headers sent; and the exact event body.",
+    response=DeliveryDetailSchema,
+)
+def fetch_webhook_delivery(brand_id: str, delivery_id: str):
+    return get_delivery_detail(brand_id, delivery_id)
+
+
+@api.post("/brand/<brand_id>/webhook/deliveries/<delivery_id>/redeliver")
+@authenticate(scope=WRITE)
+@operation(
+    operation_id="redeliverWebhook",
+    tag=DELIVERIES,
+    summary="Deliver an event again",
+    description="A new delivery (new `X-Service-Delivery`) of the same event (same body and "
+    "event `id`) to the same endpoint, whatever the first one's status. The endpoint must be "
+    "active.",
+    response=QueuedDeliverySchema,
+    status=202,
+    message="Redelivery queued",
+)
+def redeliver_webhook(brand_id: str, delivery_id: str):
+    return {"delivery_id": redeliver(brand_id=brand_id, delivery_id=delivery_id)}

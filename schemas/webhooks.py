@@ -1,0 +1,199 @@
+"""Webhook endpoint and delivery requests and responses (SPEC sections 2 and 4, CONTRACT 4)."""
+
+from __future__ import annotations
+
+from marshmallow import fields, validate
+
+from models.webhook_delivery import DELIVERY_STATUSES, RESPONSE_BODY_MAX_BYTES
+from schemas.base import ApiSchema, Timestamp
+from schemas.envelope import PageQuerySchema
+from services.deliveries import ASCENDING, DESCENDING
+from services.endpoint_urls import URL_MAX_LENGTH
+from services.event_catalog import DEFAULT_SUBSCRIPTION, EVENT_NAMES
+
+ENDPOINT_ID_EXAMPLE = "whe_01jd3kr7s9t1v3w5x7y9z1a3b5"
+DELIVERY_ID_EXAMPLE = "whd_01jd3kt0v2w4x6y8z0a2b4c6d8"
+SECRET_EXAMPLE = "whsec_9Tq2…"  # noqa: S105 - a truncated example
+_DEFAULT_EVENTS = ", ".join(f"`{name}`" for name in DEFAULT_SUBSCRIPTION)
+
+
+def _url_field(**options) -> fields.String:
+    return fields.String(
+        validate=validate.Length(min=1, max=URL_MAX_LENGTH),
+        metadata={
+            "description": "The receiver. HTTPS, resolving to a public address; outside "
+            "production also `http://localhost` and `http://127.0.0.1` on any port. At most "
+            "2048 characters, no `user:password@`.",
+            "example": "https://hooks.example.com/brand-api",
+        },
+        **options,
+    )
+
+
+def _events_field(description: str, **options) -> fields.List:
+    return fields.List(
+        fields.String(validate=validate.Length(min=1, max=64)),
+        validate=validate.Length(max=len(EVENT_NAMES) * 2),
+        metadata={
+            "description": description,
+            "example": ["deal.completed", "conversion.recorded", "escrow.released"],
+        },
+        **options,
+    )
+
+
+class EndpointRegisterSchema(ApiSchema):
+    url = _url_field(required=True)
+    events = _events_field(
+        f"Event names to subscribe to. Unsupported names are dropped; if none is left the "
+        f"request fails. Default {_DEFAULT_EVENTS}.",
+        load_default=None,
+    )
+
+
+class EndpointUpdateSchema(ApiSchema):
+    url = _url_field()
+    events = _events_field("Replaces the subscription; same rules as registration.")
+    is_active = fields.Boolean(
+        metadata={
+            "description": "`true` re-enables a disabled endpoint and resets "
+            "`consecutiveFailures`; `false` disables it and fails its pending deliveries."
+        }
+    )
+
+
+class EndpointSchema(ApiSchema):
+    id = fields.String(metadata={"example": ENDPOINT_ID_EXAMPLE})
+    url = fields.String(metadata={"example": "https://hooks.example.com/brand-api"})
+    events = fields.List(fields.String(validate=validate.OneOf(EVENT_NAMES)))
+    is_active = fields.Boolean(
+        metadata={"description": "False once disabled (by failures or by update-endpoint)."}
+    )
+    consecutive_failures = fields.Integer(
+        metadata={"description": "Failed attempts in a row; a success resets it."}
+    )
+    disabled_at = Timestamp(allow_none=True)
+    disabled_reason = fields.String(
+        allow_none=True, metadata={"description": "Why the endpoint was disabled."}
+    )
+    created_at = Timestamp()
+
+
+class IssuedEndpointSchema(ApiSchema):
+    """registerWebhookEndpoint: the endpoint and, once, its signing secret."""
+
+    id = fields.String(attribute="record.id", metadata={"example": ENDPOINT_ID_EXAMPLE})
+    url = fields.String(attribute="record.url")
+    events = fields.List(fields.String(), attribute="record.events")
+    signing_secret = fields.String(
+        metadata={
+            "description": "HMAC-SHA256 key of `X-Service-Signature`. Shown this once: store "
+            "it now.",
+            "example": SECRET_EXAMPLE,
+        }
+    )
+    is_active = fields.Boolean(attribute="record.is_active")
+    consecutive_failures = fields.Integer(attribute="record.consecutive_failures")
+    disabled_at = Timestamp(attribute="record.disabled_at", allow_none=True)
+    created_at = Timestamp(attribute="record.created_at")
+
+
+class RotatedSecretSchema(ApiSchema):
+    id = fields.String(metadata={"example": ENDPOINT_ID_EXAMPLE})
+    signing_secret = fields.String(
+        metadata={
+            "description": "The new secret; the old one stops verifying at once.",
+            "example": SECRET_EXAMPLE,
+        }
+    )
+
+
+class EndpointListSchema(ApiSchema):
+    endpoints = fields.List(fields.Nested(EndpointSchema))
+
+
+class DeletedEndpointSchema(ApiSchema):
+    id = fields.String(metadata={"example": ENDPOINT_ID_EXAMPLE})
+
+
+class QueuedDeliverySchema(ApiSchema):
+    delivery_id = fields.String(
+        metadata={
+            "description": "Follow it with fetchWebhookDelivery.",
+            "example": DELIVERY_ID_EXAMPLE,
+        }
+    )
+
+
+class DeliverySchema(ApiSchema):
+    id = fields.String(metadata={"example": DELIVERY_ID_EXAMPLE})
+    endpoint_id = fields.String(metadata={"example": ENDPOINT_ID_EXAMPLE})
+    event_id = fields.String(
+        metadata={
+            "description": "The event's id, also `id` in the body; the same on redeliveries.",
+            "example": "evt_01jd3kw3x5y7z9a1b3c5d7e9f1",
+        }
+    )
+    event_name = fields.String(validate=validate.OneOf(EVENT_NAMES))
+    status = fields.String(
+        validate=validate.OneOf(DELIVERY_STATUSES),
+        metadata={
+            "description": "`pending` until an attempt succeeds (`delivered`), or the last "
+            "retry fails or the endpoint is disabled or deleted (`failed`)."
+        },
+    )
+    http_status = fields.Integer(
+        allow_none=True, metadata={"description": "The receiver's answer to the last attempt."}
+    )
+    attempt_count = fields.Integer()
+    last_error = fields.String(allow_none=True)
+    delivered_at = Timestamp(allow_none=True)
+    next_retry_at = Timestamp(
+        allow_none=True, metadata={"description": "When the next retry is due, if any."}
+    )
+    created_at = Timestamp()
+
+
+class DeliveryListSchema(ApiSchema):
+    deliveries = fields.List(fields.Nested(DeliverySchema), attribute="items")
+
+
+class AttemptSchema(ApiSchema):
+    attempt_number = fields.Integer(metadata={"description": "From 1."})
+    requested_at = Timestamp()
+    duration_ms = fields.Integer()
+    http_status = fields.Integer(allow_none=True)
+    error = fields.String(allow_none=True)
+    response_body = fields.String(
+        allow_none=True,
+        metadata={"description": f"The first {RESPONSE_BODY_MAX_BYTES} bytes of the answer."},
+    )
+    request_headers = fields.Dict(
+        keys=fields.String(),
+        values=fields.String(),
+        metadata={"description": "The headers this attempt sent, signature included."},
+    )
+
+
+class DeliveryDetailSchema(DeliverySchema):
+    attempts = fields.List(fields.Nested(AttemptSchema))
+    payload = fields.Dict(
+        metadata={
+            "description": "The event body sent: `id`, `type`, `createdAt`, `brandId`, "
+            "`apiVersion` and `data`."
+        }
+    )
+
+
+class DeliveryQuerySchema(PageQuerySchema):
+    status = fields.String(validate=validate.OneOf(DELIVERY_STATUSES))
+    event_name = fields.String(validate=validate.OneOf(EVENT_NAMES))
+    endpoint_id = fields.String(
+        validate=validate.Length(min=1, max=64),
+        metadata={"description": "Only this endpoint's deliveries."},
+    )
+    sort_order = fields.String(
+        load_default=DESCENDING,
+        validate=validate.OneOf((ASCENDING, DESCENDING)),
+        metadata={"description": "By creation time; default `desc`, newest first."},
+    )

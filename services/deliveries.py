@@ -1,0 +1,123 @@
+"""The delivery log: listing, reading and redelivering a brand's webhook deliveries (SPEC
+section 4, CONTRACT 4), and ending an endpoint's pending deliveries."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import select, update
+
+from extensions import db
+from models import WebhookAttempt, WebhookDelivery, WebhookEndpoint, WebhookEvent
+from models.webhook_delivery import FAILED, PENDING
+from services.errors import NotFound
+from services.events import deliver_again
+from services.pagination import Page, paginate
+
+ASCENDING = "asc"
+DESCENDING = "desc"
+
+
+@dataclass(frozen=True)
+class DeliveryDetail:
+    delivery: WebhookDelivery
+    attempts: list[WebhookAttempt]
+    payload: dict
+
+    def __getattr__(self, name: str):
+        # The detail is the delivery plus two fields; schemas read the rest from it.
+        return getattr(self.delivery, name)
+
+
+def list_deliveries(
+    *,
+    brand_id: str,
+    page: int,
+    limit: int,
+    status: str | None = None,
+    event_name: str | None = None,
+    endpoint_id: str | None = None,
+    sort_order: str = DESCENDING,
+) -> Page:
+    statement = select(WebhookDelivery).where(WebhookDelivery.brand_id == brand_id)
+    if status is not None:
+        statement = statement.where(WebhookDelivery.status == status)
+    if event_name is not None:
+        statement = statement.where(WebhookDelivery.event_name == event_name)
+    if endpoint_id is not None:
+        statement = statement.where(WebhookDelivery.endpoint_id == endpoint_id)
+    if sort_order == ASCENDING:
+        statement = statement.order_by(WebhookDelivery.created_at, WebhookDelivery.id)
+    else:
+        statement = statement.order_by(WebhookDelivery.created_at.desc(), WebhookDelivery.id.desc())
+    return paginate(statement, page=page, limit=limit)
+
+
+def get_delivery(brand_id: str, delivery_id: str) -> WebhookDelivery:
+    """:raise NotFound: no such delivery in this brand."""
+    delivery = db.session.scalar(
+        select(WebhookDelivery).where(
+            WebhookDelivery.id == delivery_id, WebhookDelivery.brand_id == brand_id
+        )
+    )
+    if delivery is None:
+        raise NotFound(f"No webhook delivery with id {delivery_id!r} in this brand")
+    return delivery
+
+
+def get_delivery_detail(brand_id: str, delivery_id: str) -> DeliveryDetail:
+    """The delivery, its attempts in order and the event body it sends."""
+    delivery = get_delivery(brand_id, delivery_id)
+    attempts = list(
+        db.session.scalars(
+            select(WebhookAttempt)
+            .where(WebhookAttempt.delivery_id == delivery.id)
+            .order_by(WebhookAttempt.attempt_number)
+        )
+    )
+    body = db.session.scalar(select(WebhookEvent.body).where(WebhookEvent.id == delivery.event_id))
+    return DeliveryDetail(delivery=delivery, attempts=attempts, payload=json.loads(body))
+
+
+def redeliver(*, brand_id: str, delivery_id: str, now: datetime | None = None) -> str:
+    """A new delivery of the same event (same body, same event id) to the same endpoint; its id.
+
+    :raise NotFound: no such delivery, or its endpoint was deleted or is disabled.
+    """
+    original = get_delivery(brand_id, delivery_id)
+    endpoint = db.session.scalar(
+        select(WebhookEndpoint).where(WebhookEndpoint.id == original.endpoint_id)
+    )
+    if endpoint is None or endpoint.deleted_at is not None:
+        raise NotFound("The endpoint of this delivery was deleted")
+    if endpoint.disabled_at is not None:
+        raise NotFound(
+            "The endpoint of this delivery is disabled; re-enable it with update-endpoint first"
+        )
+    return deliver_again(
+        brand_id=brand_id,
+        event_id=original.event_id,
+        event_name=original.event_name,
+        endpoint_id=endpoint.id,
+        now=now,
+    )
+
+
+def fail_pending_deliveries(endpoint_id: str, *, error: str) -> int:
+    """End every pending delivery of the endpoint as `failed`, leased ones included (their
+    worker's result is then discarded); how many."""
+    result = db.session.execute(
+        update(WebhookDelivery)
+        .where(WebhookDelivery.endpoint_id == endpoint_id, WebhookDelivery.status == PENDING)
+        .values(
+            status=FAILED,
+            last_error=error,
+            next_attempt_at=None,
+            leased_until=None,
+            lease_token=None,
+        )
+        .execution_options(synchronize_session=False)
+    )
+    return result.rowcount

@@ -1,0 +1,344 @@
+"""What a worker does to the database around an attempt: claim due deliveries under a lease,
+record each attempt's outcome (retry, deliver, fail, disable the endpoint), and find work whose
+job was lost (CONTRACT 6.2).
+
+Written in SQLAlchemy Core on the session: the worker's hot path wants few round trips and no
+ORM identity map, and every function commits its own short transaction so that a worker killed
+at any point leaves the database consistent.
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from sqlalchemy import insert, or_, select, update
+
+from extensions import db
+from models import WebhookAttempt, WebhookDelivery, WebhookEndpoint, WebhookEvent
+from models.webhook_delivery import DELIVERED, ERROR_MAX_LENGTH, FAILED, PENDING
+from services.deliveries import fail_pending_deliveries
+
+JITTER = 0.10  # retries land within ±10% of the schedule (CONTRACT 6.2)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """CONTRACT section 1: WEBHOOK_RETRY_SCHEDULE, WEBHOOK_DISABLE_FAILURES/_WINDOW."""
+
+    schedule: tuple[int, ...]
+    disable_failures: int
+    disable_window: timedelta
+
+    @classmethod
+    def from_settings(cls, settings) -> RetryPolicy:
+        return cls(
+            schedule=settings.webhook_retry_schedule,
+            disable_failures=settings.webhook_disable_failures,
+            disable_window=timedelta(seconds=settings.webhook_disable_window),
+        )
+
+    @property
+    def max_attempts(self) -> int:
+        return len(self.schedule) + 1
+
+
+@dataclass(frozen=True)
+class ClaimedDelivery:
+    id: str
+    event_name: str
+    attempt_number: int
+    body: bytes
+
+
+@dataclass
+class Claim:
+    """Deliveries of one endpoint leased to one worker until `leased_until`."""
+
+    endpoint_id: str
+    url: str
+    secret_ciphertext: str
+    token: str
+    leased_until: datetime
+    deliveries: list[ClaimedDelivery]
+    # Whether the endpoint's failure counter may be non-zero, so that a success must reset it;
+    # most successes then skip that UPDATE.
+    counter_may_be_set: bool = field(default=False)
+
+
+@dataclass(frozen=True)
+class AttemptOutcome:
+    requested_at: datetime
+    duration_ms: int
+    request_headers: dict[str, str]
+    http_status: int | None = None
+    error: str | None = None
+    response_body: str | None = None
+
+    @property
+    def succeeded(self) -> bool:
+        return self.error is None and self.http_status is not None and 200 <= self.http_status < 300
+
+
+@dataclass(frozen=True)
+class Recorded:
+    status: str
+    retry_at: datetime | None = None
+    endpoint_disabled: bool = False
+    # False when the delivery was no longer ours (lease lost, endpoint deleted meanwhile): the
+    # outcome was not written.
+    kept: bool = True
+
+
+def claim_due_deliveries(
+    endpoint_id: str, *, limit: int, lease: timedelta, now: datetime
+) -> Claim | None:
+    """Lease up to `limit` due pending deliveries of an active endpoint, oldest due first; None
+    when there is nothing to do. Deliveries leased by another live worker are skipped."""
+    endpoint = db.session.execute(
+        select(
+            WebhookEndpoint.url,
+            WebhookEndpoint.secret_ciphertext,
+            WebhookEndpoint.consecutive_failures,
+            WebhookEndpoint.disabled_at,
+            WebhookEndpoint.deleted_at,
+        ).where(WebhookEndpoint.id == endpoint_id)
+    ).first()
+    if endpoint is None:
+        return None
+    if endpoint.disabled_at is not None or endpoint.deleted_at is not None:
+        # Their pending deliveries were failed when that happened; any left by a race go now.
+        fail_pending_deliveries(endpoint_id, error="Endpoint disabled or deleted")
+        db.session.commit()
+        return None
+    token = secrets.token_hex(16)
+    leased_until = now + lease
+    due = _claimable(now).where(WebhookDelivery.endpoint_id == endpoint_id)
+    # One statement takes the rows: FOR UPDATE SKIP LOCKED on PostgreSQL lets workers claim
+    # side by side; SQLite serialises writers, and the repeated conditions keep a row leased
+    # by someone else out either way.
+    claimed_ids = list(
+        db.session.scalars(
+            update(WebhookDelivery)
+            .where(
+                WebhookDelivery.id.in_(
+                    select(WebhookDelivery.id)
+                    .where(due.whereclause)
+                    .order_by(WebhookDelivery.next_attempt_at, WebhookDelivery.id)
+                    .limit(limit)
+                    .with_for_update(skip_locked=True)
+                ),
+                due.whereclause,
+            )
+            .values(leased_until=leased_until, lease_token=token)
+            .returning(WebhookDelivery.id)
+            .execution_options(synchronize_session=False)
+        )
+    )
+    if not claimed_ids:
+        db.session.commit()
+        return None
+    rows = db.session.execute(
+        select(
+            WebhookDelivery.id,
+            WebhookDelivery.event_name,
+            WebhookDelivery.attempt_count,
+            WebhookEvent.body,
+        )
+        .join(WebhookEvent, WebhookEvent.id == WebhookDelivery.event_id)
+        .where(WebhookDelivery.id.in_(claimed_ids))
+        .order_by(WebhookDelivery.next_attempt_at, WebhookDelivery.id)
+    ).all()
+    db.session.commit()
+    return Claim(
+        endpoint_id=endpoint_id,
+        url=endpoint.url,
+        secret_ciphertext=endpoint.secret_ciphertext,
+        token=token,
+        leased_until=leased_until,
+        deliveries=[
+            ClaimedDelivery(
+                id=row.id,
+                event_name=row.event_name,
+                attempt_number=row.attempt_count + 1,
+                body=row.body.encode(),
+            )
+            for row in rows
+        ],
+        counter_may_be_set=endpoint.consecutive_failures > 0,
+    )
+
+
+def record_attempt(
+    claim: Claim,
+    delivery: ClaimedDelivery,
+    outcome: AttemptOutcome,
+    *,
+    policy: RetryPolicy,
+    now: datetime,
+    rng: random.Random | None = None,
+) -> Recorded:
+    """Write the attempt and move the delivery on: `delivered`; or pending with its next retry;
+    or `failed` after the last one. A failure may disable the endpoint (CONTRACT 6.2)."""
+    number = delivery.attempt_number
+    error = outcome.error
+    if not outcome.succeeded and error is None:
+        error = f"HTTP {outcome.http_status}"
+    error = error[:ERROR_MAX_LENGTH] if error else None
+    if outcome.succeeded:
+        recorded = Recorded(status=DELIVERED)
+        values = dict(status=DELIVERED, delivered_at=now, next_attempt_at=None, last_error=None)
+    elif number >= policy.max_attempts:
+        recorded = Recorded(status=FAILED)
+        values = dict(status=FAILED, next_attempt_at=None, last_error=error)
+    else:
+        delay = policy.schedule[number - 1] * (rng or random).uniform(1 - JITTER, 1 + JITTER)
+        retry_at = now + timedelta(seconds=delay)
+        recorded = Recorded(status=PENDING, retry_at=retry_at)
+        values = dict(next_attempt_at=retry_at, last_error=error)
+
+    kept = db.session.execute(
+        update(WebhookDelivery)
+        .where(
+            WebhookDelivery.id == delivery.id,
+            WebhookDelivery.lease_token == claim.token,
+            WebhookDelivery.status == PENDING,
+        )
+        .values(
+            attempt_count=number,
+            http_status=outcome.http_status,
+            leased_until=None,
+            lease_token=None,
+            **values,
+        )
+        .execution_options(synchronize_session=False)
+    ).rowcount
+    if not kept:
+        db.session.rollback()
+        return Recorded(status=recorded.status, kept=False)
+    db.session.execute(
+        insert(WebhookAttempt).values(
+            delivery_id=delivery.id,
+            attempt_number=number,
+            requested_at=outcome.requested_at,
+            duration_ms=outcome.duration_ms,
+            http_status=outcome.http_status,
+            error=error,
+            response_body=outcome.response_body,
+            request_headers=outcome.request_headers,
+        )
+    )
+    if outcome.succeeded:
+        if claim.counter_may_be_set:
+            _reset_failures(claim.endpoint_id)
+            claim.counter_may_be_set = False
+    else:
+        claim.counter_may_be_set = True
+        if _count_failure(claim.endpoint_id, outcome.requested_at, policy, now):
+            recorded = Recorded(status=FAILED, endpoint_disabled=True)
+    db.session.commit()
+    return recorded
+
+
+def release_deliveries(claim: Claim, delivery_ids: list[str]) -> None:
+    """Give leased deliveries back unattempted, due as before, for the next drain."""
+    if not delivery_ids:
+        return
+    db.session.execute(
+        update(WebhookDelivery)
+        .where(WebhookDelivery.id.in_(delivery_ids), WebhookDelivery.lease_token == claim.token)
+        .values(leased_until=None, lease_token=None)
+        .execution_options(synchronize_session=False)
+    )
+    db.session.commit()
+
+
+def endpoints_with_overdue_deliveries(
+    *, overdue_before: datetime, now: datetime, limit: int = 1000
+) -> list[str]:
+    """Endpoints with a pending delivery due before `overdue_before` that nobody holds: their
+    job was lost (Redis down at publish, a worker killed mid-attempt, a job expired)."""
+    statement = (
+        select(WebhookDelivery.endpoint_id)
+        .where(
+            _claimable(now).whereclause,
+            WebhookDelivery.next_attempt_at <= overdue_before,
+        )
+        .distinct()
+        .limit(limit)
+    )
+    endpoint_ids = list(db.session.scalars(statement))
+    db.session.commit()
+    return endpoint_ids
+
+
+def _claimable(now: datetime):
+    return select(WebhookDelivery.id).where(
+        WebhookDelivery.status == PENDING,
+        WebhookDelivery.next_attempt_at <= now,
+        or_(WebhookDelivery.leased_until.is_(None), WebhookDelivery.leased_until < now),
+    )
+
+
+def _reset_failures(endpoint_id: str) -> None:
+    db.session.execute(
+        update(WebhookEndpoint)
+        .where(WebhookEndpoint.id == endpoint_id, WebhookEndpoint.consecutive_failures != 0)
+        .values(consecutive_failures=0, failing_since=None)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def _count_failure(
+    endpoint_id: str, failed_at: datetime, policy: RetryPolicy, now: datetime
+) -> bool:
+    """Add one to the endpoint's consecutive failures; disable it when the run is both long
+    enough and old enough. True when this call disabled it."""
+    row = db.session.execute(
+        update(WebhookEndpoint)
+        .where(WebhookEndpoint.id == endpoint_id)
+        .values(
+            consecutive_failures=WebhookEndpoint.consecutive_failures + 1,
+            failing_since=db.func.coalesce(WebhookEndpoint.failing_since, failed_at),
+        )
+        .returning(
+            WebhookEndpoint.consecutive_failures,
+            WebhookEndpoint.failing_since,
+            WebhookEndpoint.disabled_at,
+        )
+        .execution_options(synchronize_session=False)
+    ).one()
+    failing_since = _aware(row.failing_since)
+    if (
+        row.disabled_at is not None
+        or row.consecutive_failures < policy.disable_failures
+        or failing_since > now - policy.disable_window
+    ):
+        return False
+    db.session.execute(
+        update(WebhookEndpoint)
+        .where(WebhookEndpoint.id == endpoint_id, WebhookEndpoint.disabled_at.is_(None))
+        .values(
+            disabled_at=now,
+            disabled_reason=(
+                f"{row.consecutive_failures} consecutive failed attempts since "
+                f"{failing_since:%Y-%m-%d %H:%M} UTC"
+            ),
+            updated_at=now,
+        )
+        .execution_options(synchronize_session=False)
+    )
+    fail_pending_deliveries(
+        endpoint_id,
+        error=f"Endpoint disabled after {row.consecutive_failures} consecutive failed attempts",
+    )
+    return True
+
+
+def _aware(value: datetime) -> datetime:
+    """RETURNING bypasses the column type on some drivers; make sure the value is aware UTC."""
+    from datetime import UTC
+
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value

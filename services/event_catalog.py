@@ -1,0 +1,241 @@
+"""The 22 event names of SPEC section 6, what each means, and a sample `data` for each.
+
+`data` is the record the event is about, in the shape the read API returns it (camelCase, money in
+minor units with `currency`, ISO 8601 UTC timestamps), plus, for events about a change, the fields
+that say what changed (`previousStatus`, `thresholdPercent`, `previousClicks`). The catalogue is
+published in the OpenAPI document and on the dashboard, and `flask events emit` sends a sample
+when no `--data` is given.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from types import MappingProxyType
+
+
+@dataclass(frozen=True)
+class EventType:
+    name: str
+    description: str
+    sample: MappingProxyType
+
+    @property
+    def resource(self) -> str:
+        return self.name.split(".", 1)[0]
+
+
+_CAMPAIGN = {
+    "id": "cmp_01jd3k9m2x4q8r7t6v5w4y3z2a",
+    "name": "Harmattan Glow launch",
+    "status": "active",
+    "pricingModel": "fixed_fee",
+    "budgetMinor": 250000000,
+    "spentMinor": 112500000,
+    "currency": "NGN",
+    "startsAt": "2026-11-01T00:00:00.000Z",
+    "endsAt": "2026-11-30T23:59:59.000Z",
+}
+_DEAL = {
+    "id": "deal_01jd3kb7c9x2m4n6p8q0r2s4t6",
+    "campaignId": _CAMPAIGN["id"],
+    "creatorHandle": "@adaeze.cooks",
+    "status": "completed",
+    "agreedAmountMinor": 45000000,
+    "currency": "NGN",
+}
+_CONTENT = {
+    "id": "cnt_01jd3kd2f4g6h8j0k2m4n6p8q0",
+    "dealId": _DEAL["id"],
+    "campaignId": _CAMPAIGN["id"],
+    "kind": "video",
+    "caption": "Morning routine with Harmattan Glow",
+    "submittedAt": "2026-11-12T09:41:07.000Z",
+}
+_PLACEMENT = {
+    "id": "plc_01jd3kf5h7j9k1m3n5p7q9r1s3",
+    "campaignId": _CAMPAIGN["id"],
+    "dealId": _DEAL["id"],
+    "platform": "instagram",
+    "postUrl": "https://www.instagram.com/p/C9xYz12AbCd/",
+    "clicks": 1842,
+    "verifiedAt": "2026-11-14T16:03:55.000Z",
+}
+_HOLD = {
+    "id": "esc_01jd3kh8k0m2n4p6q8r0s2t4v6",
+    "dealId": _DEAL["id"],
+    "campaignId": _CAMPAIGN["id"],
+    "amountMinor": 45000000,
+    "currency": "NGN",
+    "status": "held",
+    "heldAt": "2026-11-05T10:00:00.000Z",
+    "releasedAt": None,
+    "refundedAt": None,
+}
+_CONVERSION = {
+    "id": "conv_01jd3km1n3p5q7r9s1t3v5w7x9",
+    "eventType": "purchase",
+    "clickId": "clk_8f2a61",
+    "linkCode": "GLOW25",
+    "valueMinor": 1250000,
+    "currency": "NGN",
+    "metadata": {"orderId": "ORD-20931"},
+    "attributed": True,
+    "campaignId": _CAMPAIGN["id"],
+    "dealId": _DEAL["id"],
+    "createdAt": "2026-11-15T12:30:00.000Z",
+}
+
+
+def _event(name: str, description: str, sample: dict) -> EventType:
+    return EventType(name=name, description=description, sample=MappingProxyType(sample))
+
+
+_TYPES = (
+    _event(
+        "campaign.published",
+        "A campaign went live and is open to creators.",
+        {**_CAMPAIGN, "status": "active", "spentMinor": 0},
+    ),
+    _event(
+        "campaign.completed",
+        "A campaign reached its end date or its last deal completed.",
+        {**_CAMPAIGN, "status": "completed", "spentMinor": 243000000},
+    ),
+    _event(
+        "campaign.cancelled",
+        "A campaign was cancelled before completion; open deals are cancelled with it.",
+        {**_CAMPAIGN, "status": "cancelled", "previousStatus": "active"},
+    ),
+    _event(
+        "campaign.budget_threshold",
+        "A campaign's spend crossed a share of its budget (50, 80 and 100 percent).",
+        {**_CAMPAIGN, "spentMinor": 200000000, "thresholdPercent": 80},
+    ),
+    _event(
+        "deal.accepted",
+        "A creator accepted the brand's offer; escrow is held next.",
+        {**_DEAL, "status": "accepted", "previousStatus": "offered"},
+    ),
+    _event(
+        "deal.declined",
+        "A creator declined the offer.",
+        {**_DEAL, "status": "declined", "previousStatus": "offered"},
+    ),
+    _event(
+        "deal.expired",
+        "An offer expired before the creator answered.",
+        {**_DEAL, "status": "expired", "previousStatus": "offered"},
+    ),
+    _event(
+        "deal.status_changed",
+        "Any change of a deal's status, including those with their own event.",
+        {**_DEAL, "status": "in_progress", "previousStatus": "accepted"},
+    ),
+    _event(
+        "deal.completed",
+        "A deal's placements were verified and it is settled.",
+        {**_DEAL, "status": "completed", "previousStatus": "in_progress"},
+    ),
+    _event(
+        "deal.cancelled",
+        "A deal was cancelled; its escrow is refunded.",
+        {**_DEAL, "status": "cancelled", "previousStatus": "accepted"},
+    ),
+    _event(
+        "deal.disputed",
+        "The brand or the creator opened a dispute on a deal.",
+        {**_DEAL, "status": "disputed", "previousStatus": "in_progress"},
+    ),
+    _event(
+        "content.submitted",
+        "A creator submitted content of a deal for the brand's approval.",
+        _CONTENT,
+    ),
+    _event(
+        "placement.submitted",
+        "A creator reported a live post; it awaits verification.",
+        {**_PLACEMENT, "clicks": 0, "verifiedAt": None},
+    ),
+    _event(
+        "placement.verified",
+        "A live post was verified; it now counts towards settlement.",
+        _PLACEMENT,
+    ),
+    _event(
+        "placement.metrics_updated",
+        "A placement's click count changed.",
+        {**_PLACEMENT, "clicks": 2210, "previousClicks": 1842},
+    ),
+    _event(
+        "escrow.held",
+        "Funds for a deal were placed in escrow.",
+        _HOLD,
+    ),
+    _event(
+        "escrow.released",
+        "Escrowed funds were released to the creator.",
+        {**_HOLD, "status": "released", "releasedAt": "2026-11-20T08:15:00.000Z"},
+    ),
+    _event(
+        "escrow.refunded",
+        "Escrowed funds were refunded to the brand.",
+        {**_HOLD, "status": "refunded", "refundedAt": "2026-11-20T08:15:00.000Z"},
+    ),
+    _event(
+        "verification.completed",
+        "The workspace's KYB verification finished.",
+        {
+            "brandId": "brd_01jd3k7a9b1c3d5e7f9g1h3j5k",
+            "kybStatus": "verified",
+            "completedAt": "2026-11-02T14:20:00.000Z",
+        },
+    ),
+    _event(
+        "dispute.resolved",
+        "A dispute on a deal was resolved; escrow moves accordingly.",
+        {
+            "id": "dsp_01jd3kp4q6r8s0t2v4w6x8y0z2",
+            "dealId": _DEAL["id"],
+            "campaignId": _CAMPAIGN["id"],
+            "outcome": "split",
+            "releasedMinor": 22500000,
+            "refundedMinor": 22500000,
+            "currency": "NGN",
+            "resolvedAt": "2026-11-21T11:00:00.000Z",
+        },
+    ),
+    _event(
+        "conversion.recorded",
+        "A new conversion postback was stored (never on a replay).",
+        _CONVERSION,
+    ),
+    _event(
+        "webhook.test",
+        "A test ping from send-test; sent to that endpoint whatever its subscriptions.",
+        {
+            "endpointId": "whe_01jd3kr7s9t1v3w5x7y9z1a3b5",
+            "message": "Test ping from the Brand API: your endpoint is reachable.",
+        },
+    ),
+)
+
+EVENT_TYPES: dict[str, EventType] = {event.name: event for event in _TYPES}
+EVENT_NAMES: tuple[str, ...] = tuple(EVENT_TYPES)
+TEST_EVENT = "webhook.test"
+DEFAULT_SUBSCRIPTION: tuple[str, ...] = ("deal.completed", "conversion.recorded")
+
+
+def is_event_name(name: str) -> bool:
+    return name in EVENT_TYPES
+
+
+def supported_events(names: list[str]) -> list[str]:
+    """The supported names among `names`, deduplicated, in catalogue order; others dropped."""
+    wanted = set(names)
+    return [name for name in EVENT_NAMES if name in wanted]
+
+
+def sample_data(name: str) -> dict:
+    """A deep copy of the sample, safe to change."""
+    return copy.deepcopy(dict(EVENT_TYPES[name].sample))

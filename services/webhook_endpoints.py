@@ -1,0 +1,225 @@
+"""Webhook endpoints: registered, listed, updated, re-keyed, disabled, deleted and pinged
+(SPEC sections 2-4, CONTRACT 4 and 6)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from flask import current_app
+from sqlalchemy import func, select
+
+from extensions import db
+from models import WebhookEndpoint
+from models.columns import utcnow
+from services import credentials
+from services.brands import get_brand
+from services.deliveries import fail_pending_deliveries
+from services.endpoint_urls import UrlPolicy, validate_endpoint_url
+from services.errors import NotFound, ValidationFailed
+from services.event_catalog import (
+    DEFAULT_SUBSCRIPTION,
+    EVENT_NAMES,
+    TEST_EVENT,
+    supported_events,
+)
+from services.events import publish_event
+from services.secret_box import secret_box
+
+# Every endpoint multiplies each event's deliveries; a brand needing more is worth a word.
+MAX_ENDPOINTS_PER_BRAND = 20
+MANUALLY_DISABLED = "Disabled through update-endpoint"
+TEST_MESSAGE = "Test ping from the Brand API: your endpoint is reachable."
+
+
+@dataclass(frozen=True)
+class IssuedEndpoint:
+    """An endpoint with its signing secret, as returned once by register and rotate."""
+
+    record: WebhookEndpoint
+    signing_secret: str
+
+    @property
+    def id(self) -> str:
+        return self.record.id
+
+
+def current_url_policy() -> UrlPolicy:
+    return UrlPolicy.for_environment(current_app.extensions["settings"].app_env)
+
+
+def register_endpoint(
+    *,
+    brand_id: str,
+    url: str,
+    events: list[str] | None,
+    policy: UrlPolicy,
+    now: datetime | None = None,
+) -> IssuedEndpoint:
+    """:raise ValidationFailed: a URL against CONTRACT 6.3, no supported event, or too many
+    endpoints."""
+    get_brand(brand_id)
+    url = validate_endpoint_url(url, policy)
+    subscribed = resolve_subscription(events)
+    active_count = db.session.scalar(
+        select(func.count()).where(
+            WebhookEndpoint.brand_id == brand_id, WebhookEndpoint.deleted_at.is_(None)
+        )
+    )
+    if active_count >= MAX_ENDPOINTS_PER_BRAND:
+        raise ValidationFailed(
+            f"A brand may have at most {MAX_ENDPOINTS_PER_BRAND} endpoints; delete one first",
+            {"url": [f"Limit of {MAX_ENDPOINTS_PER_BRAND} endpoints reached."]},
+        )
+    now = now or utcnow()
+    secret = credentials.generate_secret(credentials.SIGNING_SECRET_PREFIX)
+    endpoint = WebhookEndpoint(
+        brand_id=brand_id,
+        url=url,
+        events=subscribed,
+        secret_ciphertext=secret_box().encrypt(secret),
+        consecutive_failures=0,
+        created_at=now,
+        updated_at=now,
+    )
+    db.session.add(endpoint)
+    db.session.flush()
+    return IssuedEndpoint(record=endpoint, signing_secret=secret)
+
+
+def resolve_subscription(events: list[str] | None) -> list[str]:
+    """SPEC registration rules 1 and 2: omitted means the default; unsupported names are
+    dropped; nothing supported left is an error."""
+    if events is None:
+        return list(DEFAULT_SUBSCRIPTION)
+    subscribed = supported_events(events)
+    if not subscribed:
+        raise ValidationFailed(
+            "No supported event in the subscription",
+            {"events": [f"Give at least one of: {', '.join(EVENT_NAMES)}."]},
+        )
+    return subscribed
+
+
+def list_endpoints(brand_id: str) -> list[WebhookEndpoint]:
+    """The brand's endpoints (active and disabled; not deleted), oldest first."""
+    return list(
+        db.session.scalars(
+            select(WebhookEndpoint)
+            .where(WebhookEndpoint.brand_id == brand_id, WebhookEndpoint.deleted_at.is_(None))
+            .order_by(WebhookEndpoint.created_at, WebhookEndpoint.id)
+        )
+    )
+
+
+def get_endpoint(brand_id: str, endpoint_id: str, *, for_update: bool = False) -> WebhookEndpoint:
+    """:raise NotFound: no such endpoint in this brand, or it was deleted."""
+    statement = select(WebhookEndpoint).where(
+        WebhookEndpoint.id == endpoint_id,
+        WebhookEndpoint.brand_id == brand_id,
+        WebhookEndpoint.deleted_at.is_(None),
+    )
+    if for_update:
+        # Serialises changes of one endpoint against each other and the worker's disabling.
+        statement = statement.with_for_update()
+    endpoint = db.session.scalar(statement)
+    if endpoint is None:
+        raise NotFound(f"No webhook endpoint with id {endpoint_id!r} in this brand")
+    return endpoint
+
+
+_UNSET = object()
+
+
+def update_endpoint(
+    *,
+    brand_id: str,
+    endpoint_id: str,
+    policy: UrlPolicy,
+    url=_UNSET,
+    events=_UNSET,
+    is_active=_UNSET,
+    now: datetime | None = None,
+) -> WebhookEndpoint:
+    """Change any of `url`, `events`, `isActive` (CONTRACT 4). `isActive: true` re-enables a
+    disabled endpoint with a clean failure count; `false` disables it, failing its pending
+    deliveries.
+
+    :raise ValidationFailed: nothing to change, or a field breaks its rule.
+    :raise NotFound: no such endpoint.
+    """
+    if url is _UNSET and events is _UNSET and is_active is _UNSET:
+        raise ValidationFailed(
+            "Nothing to update", {"body": ["Give at least one of url, events, isActive."]}
+        )
+    now = now or utcnow()
+    new_url = validate_endpoint_url(url, policy) if url is not _UNSET else None
+    new_events = resolve_subscription(events) if events is not _UNSET else None
+    endpoint = get_endpoint(brand_id, endpoint_id, for_update=True)
+    if new_url is not None:
+        endpoint.url = new_url
+    if new_events is not None:
+        endpoint.events = new_events
+    if is_active is True and endpoint.disabled_at is not None:
+        endpoint.disabled_at = None
+        endpoint.disabled_reason = None
+        endpoint.consecutive_failures = 0
+        endpoint.failing_since = None
+    elif is_active is False and endpoint.disabled_at is None:
+        disable_endpoint(endpoint, reason=MANUALLY_DISABLED, now=now)
+    endpoint.updated_at = now
+    db.session.flush()
+    return endpoint
+
+
+def disable_endpoint(endpoint: WebhookEndpoint, *, reason: str, now: datetime) -> None:
+    endpoint.disabled_at = now
+    endpoint.disabled_reason = reason
+    db.session.flush()
+    fail_pending_deliveries(endpoint.id, error=f"Endpoint disabled: {reason}")
+
+
+def rotate_signing_secret(
+    *, brand_id: str, endpoint_id: str, now: datetime | None = None
+) -> IssuedEndpoint:
+    """A new secret, effective at once: attempts from now on are signed with it only."""
+    endpoint = get_endpoint(brand_id, endpoint_id, for_update=True)
+    secret = credentials.generate_secret(credentials.SIGNING_SECRET_PREFIX)
+    endpoint.secret_ciphertext = secret_box().encrypt(secret)
+    endpoint.updated_at = now or utcnow()
+    db.session.flush()
+    return IssuedEndpoint(record=endpoint, signing_secret=secret)
+
+
+def delete_endpoint(
+    *, brand_id: str, endpoint_id: str, now: datetime | None = None
+) -> WebhookEndpoint:
+    """Delete the endpoint; its pending deliveries end as `failed`, its log stays readable."""
+    now = now or utcnow()
+    endpoint = get_endpoint(brand_id, endpoint_id, for_update=True)
+    endpoint.deleted_at = now
+    endpoint.updated_at = now
+    db.session.flush()
+    fail_pending_deliveries(endpoint.id, error="Endpoint deleted")
+    return endpoint
+
+
+def send_test_ping(*, brand_id: str, endpoint_id: str, now: datetime | None = None) -> str:
+    """Queue `webhook.test` to this endpoint whatever its subscriptions; the delivery id.
+
+    :raise NotFound: no such endpoint, or it is disabled (SPEC section 3).
+    """
+    endpoint = get_endpoint(brand_id, endpoint_id)
+    if not endpoint.is_active:
+        raise NotFound(
+            f"Webhook endpoint {endpoint_id!r} is disabled; re-enable it with update-endpoint "
+            "before sending a test"
+        )
+    published = publish_event(
+        brand_id=brand_id,
+        name=TEST_EVENT,
+        data={"endpointId": endpoint.id, "message": TEST_MESSAGE},
+        only_endpoint_ids=[endpoint.id],
+        now=now,
+    )
+    return published.delivery_ids[0]

@@ -1,0 +1,142 @@
+"""A real HTTP receiver on 127.0.0.1 for webhook tests: a threaded server in the test process
+that verifies every signature with its own HMAC code (not the service's) and answers as each
+test scripts it."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+@dataclass
+class Reply:
+    status: int = 200
+    body: bytes = b"ok"
+    delay: float = 0.0
+    headers: dict[str, str] = field(default_factory=dict)
+    # Set by a test to hold the request open until it chooses (a worker killed mid-attempt).
+    hold: threading.Event | None = None
+
+
+@dataclass
+class Received:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    signature_valid: bool
+    received_at: float
+
+    @property
+    def json(self) -> dict:
+        return json.loads(self.body)
+
+    @property
+    def delivery_id(self) -> str:
+        return self.headers["X-Service-Delivery"]
+
+
+def expected_signature(secret: str, timestamp: str, body: bytes) -> str:
+    """What a brand's receiver computes: HMAC-SHA256 of `{timestamp}.{rawBody}`."""
+    message = timestamp.encode() + b"." + body
+    return "sha256=" + hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
+
+
+class Receiver:
+    def __init__(self) -> None:
+        self.secrets: list[str] = []
+        self.received: list[Received] = []
+        self._script: deque[Reply] = deque()
+        self._lock = threading.Condition()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self.server.daemon_threads = True
+        self.server.receiver = self
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def port(self) -> int:
+        return self.server.server_address[1]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/hooks"
+
+    def reply_with(self, *replies: Reply) -> None:
+        """The next requests get these replies in order; after them, 200."""
+        with self._lock:
+            self._script.extend(replies)
+
+    def wait_for(self, count: int, timeout: float = 20.0) -> list[Received]:
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while len(self.received) < count:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise AssertionError(
+                        f"receiver got {len(self.received)} request(s), expected {count}"
+                    )
+                self._lock.wait(remaining)
+            return list(self.received)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def _record(self, request: Received) -> Reply:
+        with self._lock:
+            self.received.append(request)
+            self._lock.notify_all()
+            return self._script.popleft() if self._script else Reply()
+
+    def _verify(self, headers: dict[str, str], body: bytes) -> bool:
+        timestamp = headers.get("X-Service-Timestamp", "")
+        presented = headers.get("X-Service-Signature", "")
+        if not timestamp.isdigit() or abs(time.time() - int(timestamp)) > 300:
+            return False
+        return any(
+            hmac.compare_digest(presented, expected_signature(secret, timestamp, body))
+            for secret in self.secrets
+        )
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as real receivers do
+    # Without this, keep-alive responses stall ~40 ms on delayed ACKs (PERFORMANCE-NOTES).
+    disable_nagle_algorithm = True
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        receiver: Receiver = self.server.receiver
+        length = int(self.headers.get("Content-Length", 0))
+        body = self.rfile.read(length)
+        headers = dict(self.headers.items())
+        reply = receiver._record(
+            Received(
+                path=self.path,
+                headers=headers,
+                body=body,
+                signature_valid=receiver._verify(headers, body),
+                received_at=time.monotonic(),
+            )
+        )
+        if reply.hold is not None:
+            reply.hold.wait(30)
+        if reply.delay:
+            time.sleep(reply.delay)
+        try:
+            self.send_response(reply.status)
+            for name, value in reply.headers.items():
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(reply.body)))
+            self.end_headers()
+            self.wfile.write(reply.body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the worker gave up waiting (timeout tests)
+
+    def log_message(self, format, *args) -> None:  # noqa: A002 - http.server's signature
+        pass
