@@ -714,6 +714,48 @@ class _Reference:
             "operation_count": len(ops),
             "authentication": self.authentication([o for g in groups for o in g["operations"]]),
             "envelope": self.envelopes(ops),
+            "callbacks": self.callbacks(),
+        }
+
+    def callbacks(self) -> list[dict]:
+        """Requests the service sends (OpenAPI callbacks: webhook deliveries), with their
+        headers and one example body per named example (per event)."""
+        found = []
+        for path_item in (self.spec.get("paths") or {}).values():
+            for op in path_item.values():
+                if not isinstance(op, Mapping):
+                    continue
+                for name, callback in (op.get("callbacks") or {}).items():
+                    for expression, item in callback.items():
+                        for method, request in item.items():
+                            found.append(self._callback(name, expression, method, request))
+        return found
+
+    def _callback(self, name: str, expression: str, method: str, request: Mapping) -> dict:
+        body = (request.get("requestBody") or {}).get("content", {}).get("application/json", {})
+        schema, schema_name = self.deref(body.get("schema") or {})
+        return {
+            "anchor": "callback-" + _slug(name),
+            "summary": request.get("summary") or name,
+            "description": request.get("description", ""),
+            "method": method.upper(),
+            "target": expression,
+            "headers": [
+                {"name": p.get("name"), "description": p.get("description", "")}
+                for p in request.get("parameters") or []
+                if p.get("in") == "header"
+            ],
+            "fields": self.fields(schema, mode="request") if schema else [],
+            "schema_name": schema_name,
+            "examples": [
+                {
+                    "name": example_name,
+                    "anchor": "event-" + _slug(example_name),
+                    "summary": example.get("summary", ""),
+                    "body": _json_text(example.get("value"), indent=2),
+                }
+                for example_name, example in (body.get("examples") or {}).items()
+            ],
         }
 
 

@@ -197,3 +197,23 @@ class DeliveryQuerySchema(PageQuerySchema):
         validate=validate.OneOf((ASCENDING, DESCENDING)),
         metadata={"description": "By creation time; default `desc`, newest first."},
     )
+
+
+class WebhookEventBodySchema(ApiSchema):
+    """The JSON body of every delivery (CONTRACT 6.1); documents deliveries, never loads."""
+
+    id = fields.String(
+        metadata={
+            "description": "The event id; the same on every retry and redelivery.",
+            "example": "evt_01jd3kw3x5y7z9a1b3c5d7e9f1",
+        }
+    )
+    type = fields.String(
+        validate=validate.OneOf(EVENT_NAMES), metadata={"example": "deal.completed"}
+    )
+    created_at = Timestamp(metadata={"description": "When the event happened."})
+    brand_id = fields.String(metadata={"example": "brd_01jd3k7a9b1c3d5e7f9g1h3j5k"})
+    api_version = fields.String(metadata={"example": "1"})
+    data = fields.Dict(
+        metadata={"description": "The record the event is about; see each event's example."}
+    )

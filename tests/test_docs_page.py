@@ -396,3 +396,20 @@ def test_reference_resolves_refs_and_builds_examples(spec):
     assert json.loads(fetch["success"]["example"])["data"][0]["keyPrefix"] == "svc_live_4Fq"
     codes = {c["code"]: c["status"] for c in reference["envelope"]["codes"]}
     assert codes["VALIDATION_ERROR"] == "400" and codes["SERVICE_UNAVAILABLE"] == "503"
+
+
+def test_docs_page_documents_every_event_with_its_sample_body(docs_app):
+    from services.event_catalog import EVENT_TYPES, sample_data
+
+    page = docs_app.test_client().get("/docs").get_data(as_text=True)
+    assert "X-Service-Signature" in page and "X-Service-Delivery" in page
+    for name, event in EVENT_TYPES.items():
+        anchor = f'id="event-{name.replace(".", "-").replace("_", "-")}"'
+        assert anchor in page, name
+        article = page[page.index(anchor) :]
+        article = article[: article.index("</article>")]
+        assert event.description in html.unescape(article)
+        code = re.search(r"<pre><code>(.*?)</code></pre>", article, re.DOTALL).group(1)
+        body = json.loads(html.unescape(code))
+        assert body["type"] == name
+        assert body["data"] == sample_data(name)

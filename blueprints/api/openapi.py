@@ -156,6 +156,8 @@ def _operation(declared, auth, arguments) -> dict:
         "parameters": parameters,
         "responses": responses,
     }
+    if declared.callbacks:
+        document["callbacks"] = declared.callbacks
     if declared.body is not None:
         document["requestBody"] = {
             "required": True,

@@ -37,6 +37,8 @@ class Operation:
     status: int = 200
     message: str = "OK"
     errors: tuple[int, ...] = field(default_factory=tuple)
+    # OpenAPI callbacks: requests this operation makes the service send (webhook deliveries).
+    callbacks: dict | None = None
 
 
 def operation(**declaration):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from blueprints.api import api
 from blueprints.api.auth import authenticate
 from blueprints.api.operations import operation
+from blueprints.api.webhook_callbacks import delivery_callback
 from schemas.webhooks import (
     DeletedEndpointSchema,
     DeliveryDetailSchema,
@@ -49,6 +50,7 @@ SIGNATURE_HELP = (
     response=IssuedEndpointSchema,
     status=201,
     message="Webhook endpoint registered; store the signing secret now, it is not shown again",
+    callbacks=delivery_callback(),
 )
 def register_webhook_endpoint(brand_id: str, body: dict):
     return register_endpoint(
