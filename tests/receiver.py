@@ -110,7 +110,7 @@ class _Handler(BaseHTTPRequestHandler):
     # Without this, keep-alive responses stall ~40 ms on delayed ACKs (PERFORMANCE-NOTES).
     disable_nagle_algorithm = True
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+    def do_POST(self) -> None:
         receiver: Receiver = self.server.receiver
         length = int(self.headers.get("Content-Length", 0))
         body = self.rfile.read(length)
@@ -138,5 +138,5 @@ class _Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             pass  # the worker gave up waiting (timeout tests)
 
-    def log_message(self, format, *args) -> None:  # noqa: A002 - http.server's signature
+    def log_message(self, format, *args) -> None:
         pass
