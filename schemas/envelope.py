@@ -41,9 +41,21 @@ class PageQuerySchema(ApiSchema):
 class PageMetaSchema(ApiSchema):
     page = fields.Integer(required=True, metadata={"description": "Current page, from 1."})
     limit = fields.Integer(required=True, metadata={"description": "Page size, 1-100."})
-    total = fields.Integer(required=True, metadata={"description": "Matching records."})
-    total_pages = fields.Integer(required=True)
-    has_next = fields.Boolean(required=True)
+    total = fields.Integer(
+        required=True,
+        metadata={
+            "description": "Matching records; above 10,000 a lower bound (see `totalExact`)."
+        },
+    )
+    total_pages = fields.Integer(required=True, metadata={"description": "Pages of `total`."})
+    has_next = fields.Boolean(required=True, metadata={"description": "Always exact."})
+    total_exact = fields.Boolean(
+        required=True,
+        metadata={
+            "description": "False when more than 10,000 records match past the requested "
+            "page: counting them all would make every page slow, so `total` stops there."
+        },
+    )
 
 
 def _envelope_fields(data: fields.Field | None, meta: fields.Field | None) -> dict:
