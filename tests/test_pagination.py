@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from extensions import db
 from models import Brand
 from services import pagination
 from services.pagination import paginate
@@ -61,4 +60,3 @@ def test_counting_stops_at_the_limit_and_says_so(app, twelve_brands, monkeypatch
     last, names = page_of(app, twelve_brands, 3, 5)
     assert names == ["Brand 10", "Brand 11"]
     assert (last.total, last.total_exact, last.has_next) == (12, True, False)
-    db.session.remove()
