@@ -121,6 +121,8 @@ def describe_failure(error: requests.exceptions.RequestException, timeout: float
         return f"Timed out after {timeout:g}s waiting for the response"
     if isinstance(error, requests.exceptions.SSLError):
         reason = str(error)
+        if "doesn't match" in reason or "does not match" in reason:
+            return "TLS error: the receiver's certificate is not for its host name"
         if "CERTIFICATE_VERIFY_FAILED" in reason:
             return "TLS error: the receiver's certificate could not be verified"
         return "TLS error: the handshake with the receiver failed"

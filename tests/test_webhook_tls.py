@@ -1,0 +1,159 @@
+"""An attempt over HTTPS connects to the checked address yet speaks TLS to the receiver's name:
+SNI carries the name and the certificate is verified against it (no DNS rebinding, no
+certificate check bypassed). A real TLS server on 127.0.0.1 with a certificate from a test CA."""
+
+from __future__ import annotations
+
+import datetime
+import ssl
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from services.endpoint_urls import UrlPolicy
+from workers.transport import new_session, send_attempt
+
+LOCAL = UrlPolicy(https_only=False, allow_local=True)
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def _certificate(subject, issuer, public_key, signing_key, *, ca: bool, dns: str | None):
+    now = datetime.datetime.now(datetime.UTC)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+    if dns:
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName([x509.DNSName(dns)]), critical=False
+        )
+    return builder.sign(signing_key, hashes.SHA256())
+
+
+@pytest.fixture(scope="module")
+def test_ca(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("tls")
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_cert = _certificate(
+        _name("Test CA"), _name("Test CA"), ca_key.public_key(), ca_key, ca=True, dns=None
+    )
+    ca_file = directory / "ca.pem"
+    ca_file.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+
+    def issue(dns_name: str):
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = _certificate(
+            _name(dns_name), _name("Test CA"), key.public_key(), ca_key, ca=False, dns=dns_name
+        )
+        cert_file = directory / f"{dns_name}.pem"
+        cert_file.write_bytes(
+            cert.public_bytes(serialization.Encoding.PEM)
+            + key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+        )
+        return cert_file
+
+    return ca_file, issue
+
+
+class _Ok(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.server.hosts.append(self.headers.get("Host"))
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def tls_receiver(test_ca):
+    """Start an HTTPS server on 127.0.0.1 presenting a certificate for `dns_name`."""
+    servers = []
+
+    def start(dns_name: str):
+        _, issue = test_ca
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(issue(dns_name))
+        server = ThreadingHTTPServer(("127.0.0.1", 0), _Ok)
+        server.sni_names, server.hosts = [], []
+        context.sni_callback = lambda sock, name, ctx: server.sni_names.append(name)
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def attempt(url: str, ca_file) -> object:
+    session = new_session()
+    session.verify = str(ca_file)
+    return send_attempt(
+        session,
+        url=url,
+        policy=LOCAL,
+        secret="whsec_test",
+        body=b"{}",
+        event_name="webhook.test",
+        delivery_id="whd_test",
+        timeout=5,
+    )
+
+
+def test_https_attempt_sends_the_name_and_verifies_its_certificate(test_ca, tls_receiver):
+    ca_file, _ = test_ca
+    server = tls_receiver("localhost")
+    outcome = attempt(f"https://localhost:{server.server_address[1]}/hooks", ca_file)
+    assert outcome.error is None and outcome.http_status == 200
+    assert server.sni_names == ["localhost"]
+    assert server.hosts == [f"localhost:{server.server_address[1]}"]
+
+
+def test_a_certificate_for_another_name_fails_the_attempt(test_ca, tls_receiver):
+    ca_file, _ = test_ca
+    server = tls_receiver("receiver.example")
+    outcome = attempt(f"https://localhost:{server.server_address[1]}/hooks", ca_file)
+    assert outcome.http_status is None
+    assert outcome.error == "TLS error: the receiver's certificate is not for its host name"
+    assert server.hosts == []  # nothing was posted
+
+
+def test_an_untrusted_certificate_fails_the_attempt(tls_receiver):
+    server = tls_receiver("localhost")
+    outcome = send_attempt(
+        new_session(),  # the system's trust store, which does not know the test CA
+        url=f"https://localhost:{server.server_address[1]}/hooks",
+        policy=LOCAL,
+        secret="whsec_test",
+        body=b"{}",
+        event_name="webhook.test",
+        delivery_id="whd_test",
+        timeout=5,
+    )
+    assert outcome.error == "TLS error: the receiver's certificate could not be verified"
