@@ -28,7 +28,13 @@ class WebhookDelivery(db.Model):
         Index("ix_webhook_deliveries_brand_created", "brand_id", "created_at", "id"),
         Index("ix_webhook_deliveries_brand_status", "brand_id", "status", "created_at", "id"),
         Index("ix_webhook_deliveries_brand_event", "brand_id", "event_name", "created_at", "id"),
-        Index("ix_webhook_deliveries_endpoint_created", "endpoint_id", "created_at", "id"),
+        Index(
+            "ix_webhook_deliveries_brand_endpoint",
+            "brand_id",
+            "endpoint_id",
+            "created_at",
+            "id",
+        ),
         # Work to do: an endpoint's due deliveries (claims, disabling) and all due ones (sweeps).
         # Partial, so they stay small however many delivered rows the log keeps.
         Index(

@@ -80,7 +80,9 @@ def _envelope_fields(data: fields.Field | None, meta: fields.Field | None) -> di
 EnvelopeSchema = ApiSchema.from_dict(
     _envelope_fields(
         fields.Raw(metadata={"description": "Present on success."}),
-        fields.Nested(PageMetaSchema, metadata={"description": "On paginated lists."}),
+        # Already dumped by the operation (PageMetaSchema): a second pass would look for the
+        # snake_case attributes in the camelCase dict and drop them.
+        fields.Raw(metadata={"description": "On paginated lists."}),
     ),
     name="Envelope",
 )

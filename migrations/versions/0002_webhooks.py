@@ -74,7 +74,7 @@ def upgrade():
         batch_op.create_index('ix_webhook_deliveries_brand_event', ['brand_id', 'event_name', 'created_at', 'id'], unique=False)
         batch_op.create_index('ix_webhook_deliveries_brand_status', ['brand_id', 'status', 'created_at', 'id'], unique=False)
         batch_op.create_index('ix_webhook_deliveries_due', ['next_attempt_at'], unique=False, postgresql_where=sa.text("status = 'pending'"), sqlite_where=sa.text("status = 'pending'"))
-        batch_op.create_index('ix_webhook_deliveries_endpoint_created', ['endpoint_id', 'created_at', 'id'], unique=False)
+        batch_op.create_index('ix_webhook_deliveries_brand_endpoint', ['brand_id', 'endpoint_id', 'created_at', 'id'], unique=False)
         batch_op.create_index('ix_webhook_deliveries_endpoint_due', ['endpoint_id', 'next_attempt_at'], unique=False, postgresql_where=sa.text("status = 'pending'"), sqlite_where=sa.text("status = 'pending'"))
 
     op.create_table('webhook_attempts',
@@ -97,7 +97,7 @@ def downgrade():
     op.drop_table('webhook_attempts')
     with op.batch_alter_table('webhook_deliveries', schema=None) as batch_op:
         batch_op.drop_index('ix_webhook_deliveries_endpoint_due', postgresql_where=sa.text("status = 'pending'"), sqlite_where=sa.text("status = 'pending'"))
-        batch_op.drop_index('ix_webhook_deliveries_endpoint_created')
+        batch_op.drop_index('ix_webhook_deliveries_brand_endpoint')
         batch_op.drop_index('ix_webhook_deliveries_due', postgresql_where=sa.text("status = 'pending'"), sqlite_where=sa.text("status = 'pending'"))
         batch_op.drop_index('ix_webhook_deliveries_brand_status')
         batch_op.drop_index('ix_webhook_deliveries_brand_event')
