@@ -1,0 +1,398 @@
+"""Where webhooks may be sent (CONTRACT 6.3): the URL rules on register-endpoint and
+update-endpoint in test and production apps, and services.endpoint_urls itself."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Iterator
+
+import pytest
+from flask import Flask
+
+from app import create_app
+from extensions import db
+from services import endpoint_urls
+from services.endpoint_urls import (
+    AddressRefused,
+    UrlPolicy,
+    attempt_target,
+    is_public_address,
+    validate_endpoint_url,
+)
+from services.errors import ValidationFailed
+from tests.helpers import assert_error, assert_success
+
+UNRESOLVABLE = "https://hooks.brand-example.invalid/x"
+LONG_PATH_PREFIX = "https://hooks.brand-example.invalid/"
+TEST_POLICY = UrlPolicy.for_environment("test")
+DEV_POLICY = UrlPolicy.for_environment("development")
+PRODUCTION_POLICY = UrlPolicy.for_environment("production")
+
+# Literal addresses that are not public, refused in every environment (over https, so that the
+# address is the only rule broken).
+NON_PUBLIC_HOSTS = [
+    "10.0.0.1",
+    "172.16.0.1",
+    "192.168.1.1",
+    "127.0.0.2",
+    "169.254.169.254",
+    "0.0.0.0",  # noqa: S104 - a refused address, not a bind
+    "224.0.0.1",
+    "240.0.0.1",
+    "100.64.0.1",
+    "[::1]",
+    "[fe80::1]",
+    "[fc00::1]",
+    "[::ffff:10.0.0.1]",
+    "[::ffff:127.0.0.1]",
+    "[2002:7f00:1::1]",
+    "[64:ff9b::a00:1]",
+    "2130706433",
+]
+NON_PUBLIC_URLS = [f"https://{host}/hooks" for host in NON_PUBLIC_HOSTS]
+
+# Broken whatever the environment.
+MALFORMED_URLS = [
+    LONG_PATH_PREFIX + "a" * (2049 - len(LONG_PATH_PREFIX)),
+    "https://user:pass@hooks.brand-example.invalid/x",
+    "https://token@hooks.brand-example.invalid/x",
+    "https://hooks.brand-example.invalid/x#frag",
+    "ftp://hooks.brand-example.invalid/x",
+    "not a url",
+    "hooks.brand-example.invalid/x",
+    "https://",
+    "https://hooks.brand-example.invalid:99999/x",
+    "javascript:alert(1)",
+]
+
+LOCAL_URLS = [
+    "http://localhost:8080/hooks",
+    "http://127.0.0.1:9000/hooks",
+    "http://localhost/hooks",
+    "https://localhost:8443/hooks",
+    "https://127.0.0.1/hooks",
+]
+
+
+def register_response(client, brand_id: str, key: str, url):
+    return client.post(
+        f"/api/v1/brand/{brand_id}/webhook/register-endpoint",
+        json={"url": url},
+        headers={"X-Api-Key": key},
+    )
+
+
+def listed_urls(client, brand_id: str, key: str) -> list[str]:
+    response = client.get(
+        f"/api/v1/brand/{brand_id}/webhook/fetch-endpoints", headers={"X-Api-Key": key}
+    )
+    return [item["url"] for item in assert_success(response)["endpoints"]]
+
+
+def assert_url_refused(response) -> None:
+    body = assert_error(response, 400, "VALIDATION_ERROR")
+    assert body["errors"]["url"], body
+
+
+@pytest.fixture(scope="module")
+def production_app(app, app_environ) -> Iterator[Flask]:
+    """A production-mode app on the same database as `app` (already migrated)."""
+    application = create_app({**app_environ, "APP_ENV": "production"})
+    yield application
+    with application.app_context():
+        db.engine.dispose()
+
+
+@pytest.fixture
+def production_client(production_app):
+    return production_app.test_client()
+
+
+@pytest.fixture
+def endpoint_id(client, brand, write_key) -> str:
+    return assert_success(register_response(client, brand, write_key, UNRESOLVABLE), 201)["id"]
+
+
+def update_response(client, brand_id: str, key: str, endpoint: str, url):
+    return client.patch(
+        f"/api/v1/brand/{brand_id}/webhook/{endpoint}/update-endpoint",
+        json={"url": url},
+        headers={"X-Api-Key": key},
+    )
+
+
+# --- register-endpoint in the test environment -------------------------------------------------
+
+
+@pytest.mark.parametrize("url", LOCAL_URLS)
+def test_local_receivers_are_accepted_outside_production(client, brand, write_key, url):
+    data = assert_success(register_response(client, brand, write_key, url), 201)
+    assert data["url"] == url
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        UNRESOLVABLE,
+        "https://93.184.216.34/hooks",
+        "https://[2606:4700:4700::1111]:8443/hooks",
+        "https://hooks.brand-example.invalid:8443/x?source=brand",
+    ],
+)
+def test_public_or_unresolvable_https_urls_are_accepted(client, brand, write_key, url):
+    data = assert_success(register_response(client, brand, write_key, url), 201)
+    assert data["url"] == url
+    assert listed_urls(client, brand, write_key) == [url]
+
+
+def test_a_url_of_exactly_2048_characters_is_accepted(client, brand, write_key):
+    url = LONG_PATH_PREFIX + "a" * (2048 - len(LONG_PATH_PREFIX))
+    assert len(url) == 2048
+    assert_success(register_response(client, brand, write_key, url), 201)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://hooks.brand-example.invalid/x",
+        "http://93.184.216.34/hooks",
+        "http://localhost.brand-example.invalid/x",
+    ],
+)
+def test_plain_http_is_refused_except_for_localhost(client, brand, write_key, url):
+    assert_url_refused(register_response(client, brand, write_key, url))
+
+
+@pytest.mark.parametrize("url", NON_PUBLIC_URLS)
+def test_non_public_addresses_are_refused(client, brand, write_key, url):
+    assert_url_refused(register_response(client, brand, write_key, url))
+    assert listed_urls(client, brand, write_key) == []
+
+
+@pytest.mark.parametrize("url", MALFORMED_URLS)
+def test_malformed_urls_are_refused(client, brand, write_key, url):
+    assert_url_refused(register_response(client, brand, write_key, url))
+    assert listed_urls(client, brand, write_key) == []
+
+
+# --- register-endpoint in production -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        *LOCAL_URLS,
+        "http://hooks.brand-example.invalid/x",
+        "https://LOCALHOST/hooks",
+        "https://localhost./hooks",
+    ],
+)
+def test_production_refuses_http_and_loopback(production_client, brand, write_key, url):
+    assert_url_refused(register_response(production_client, brand, write_key, url))
+
+
+@pytest.mark.parametrize("url", NON_PUBLIC_URLS)
+def test_production_refuses_non_public_addresses(production_client, brand, write_key, url):
+    assert_url_refused(register_response(production_client, brand, write_key, url))
+
+
+def test_production_accepts_public_and_unresolvable_https(production_client, brand, write_key):
+    for url in (UNRESOLVABLE, "https://93.184.216.34/hooks"):
+        assert_success(register_response(production_client, brand, write_key, url), 201)
+
+
+# --- update-endpoint applies the same rules ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://10.0.0.1/hooks",
+        "https://169.254.169.254/latest/meta-data",
+        "https://[::ffff:10.0.0.1]/hooks",
+        "https://[64:ff9b::a00:1]/hooks",
+        "https://2130706433/hooks",
+        "http://hooks.brand-example.invalid/x",
+        "https://user:pass@hooks.brand-example.invalid/x",
+        "https://hooks.brand-example.invalid/x#frag",
+        "ftp://hooks.brand-example.invalid/x",
+        LONG_PATH_PREFIX + "a" * 2049,
+        "",
+    ],
+)
+def test_update_refuses_a_bad_url_and_keeps_the_old_one(client, brand, write_key, endpoint_id, url):
+    assert_url_refused(update_response(client, brand, write_key, endpoint_id, url))
+    assert listed_urls(client, brand, write_key) == [UNRESOLVABLE]
+
+
+def test_update_accepts_a_local_receiver_outside_production(client, brand, write_key, endpoint_id):
+    response = update_response(client, brand, write_key, endpoint_id, "http://localhost:7000/h")
+    assert assert_success(response)["url"] == "http://localhost:7000/h"
+
+
+def test_update_in_production_refuses_localhost(
+    production_client, client, brand, write_key, endpoint_id
+):
+    response = update_response(
+        production_client, brand, write_key, endpoint_id, "http://localhost:1/"
+    )
+    assert_url_refused(response)
+    assert listed_urls(client, brand, write_key) == [UNRESOLVABLE]
+
+
+# --- services.endpoint_urls --------------------------------------------------------------------
+
+
+def fake_resolver(table: dict[str, list[str]]):
+    """A getaddrinfo that answers from `table` and fails for any other name."""
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        if host not in table:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return [
+            (
+                socket.AF_INET6 if ":" in address else socket.AF_INET,
+                socket.SOCK_STREAM,
+                6,
+                "",
+                (address, port),
+            )
+            for address in table[host]
+        ]
+
+    return getaddrinfo
+
+
+@pytest.fixture
+def dns(monkeypatch):
+    table: dict[str, list[str]] = {}
+    monkeypatch.setattr(endpoint_urls.socket, "getaddrinfo", fake_resolver(table))
+    return table
+
+
+def test_policies_per_environment():
+    assert PRODUCTION_POLICY.https_only and not PRODUCTION_POLICY.allow_local
+    for policy in (TEST_POLICY, DEV_POLICY):
+        assert policy.allow_local and not policy.https_only
+
+
+def test_validate_returns_the_trimmed_url():
+    assert validate_endpoint_url(f"  {UNRESOLVABLE}\n", PRODUCTION_POLICY) == UNRESOLVABLE
+
+
+def test_validate_refuses_a_name_that_resolves_to_a_private_address(dns):
+    dns["internal.brand-example.com"] = ["10.1.2.3"]
+    with pytest.raises(ValidationFailed) as raised:
+        validate_endpoint_url("https://internal.brand-example.com/h", PRODUCTION_POLICY)
+    assert "10.1.2.3" in raised.value.errors["url"][0]
+
+
+def test_validate_refuses_a_name_with_any_private_address_among_public_ones(dns):
+    dns["mixed.brand-example.com"] = ["93.184.216.34", "fd00::5"]
+    with pytest.raises(ValidationFailed):
+        validate_endpoint_url("https://mixed.brand-example.com/h", PRODUCTION_POLICY)
+
+
+def test_validate_accepts_a_name_that_resolves_to_public_addresses(dns):
+    dns["hooks.brand-example.com"] = ["93.184.216.34", "2606:2800:220:1:248:1893:25c8:1946"]
+    url = "https://hooks.brand-example.com/h"
+    assert validate_endpoint_url(url, PRODUCTION_POLICY) == url
+
+
+def test_attempt_target_connects_to_the_checked_address(dns):
+    dns["hooks.brand-example.com"] = ["93.184.216.34"]
+    target = attempt_target("https://hooks.brand-example.com:8443/in?a=1", PRODUCTION_POLICY)
+    assert target.url == "https://93.184.216.34:8443/in?a=1"
+    assert target.address == "93.184.216.34"
+    assert target.hostname == "hooks.brand-example.com"
+    assert target.host_header == "hooks.brand-example.com:8443"
+    assert target.scheme == "https"
+
+
+def test_attempt_target_brackets_an_ipv6_address(dns):
+    dns["v6.brand-example.com"] = ["2606:4700:4700::1111"]
+    target = attempt_target("https://v6.brand-example.com/in", PRODUCTION_POLICY)
+    assert target.url == "https://[2606:4700:4700::1111]/in"
+    assert target.host_header == "v6.brand-example.com"
+
+
+def test_attempt_target_refuses_a_name_rebound_to_a_private_address(dns):
+    dns["hooks.brand-example.com"] = ["93.184.216.34"]
+    url = "https://hooks.brand-example.com/in"
+    assert validate_endpoint_url(url, PRODUCTION_POLICY) == url
+    dns["hooks.brand-example.com"] = ["169.254.169.254"]
+    with pytest.raises(AddressRefused):
+        attempt_target(url, PRODUCTION_POLICY)
+
+
+def test_attempt_target_refuses_an_unresolvable_name(dns):
+    with pytest.raises(AddressRefused):
+        attempt_target(UNRESOLVABLE, PRODUCTION_POLICY)
+
+
+@pytest.mark.parametrize("url", NON_PUBLIC_URLS)
+def test_attempt_target_refuses_non_public_literals(url):
+    with pytest.raises(AddressRefused):
+        attempt_target(url, TEST_POLICY)
+
+
+def test_attempt_target_for_localhost_uses_127_0_0_1_outside_production():
+    target = attempt_target("http://localhost:8123/hooks", TEST_POLICY)
+    assert target.url == "http://127.0.0.1:8123/hooks"
+    assert target.host_header == "localhost:8123"
+    assert target.hostname == "localhost"
+    with pytest.raises(AddressRefused):
+        attempt_target("https://localhost:8123/hooks", PRODUCTION_POLICY)
+
+
+def test_attempt_target_drops_the_fragment_and_refuses_http_in_production():
+    with pytest.raises(AddressRefused):
+        attempt_target("http://93.184.216.34/hooks", PRODUCTION_POLICY)
+    target = attempt_target("https://93.184.216.34/hooks", PRODUCTION_POLICY)
+    assert target.url == "https://93.184.216.34/hooks"
+    assert target.host_header == "93.184.216.34"
+
+
+@pytest.mark.parametrize(
+    "address",
+    ["93.184.216.34", "8.8.8.8", "1.1.1.1", "2606:4700:4700::1111", "2001:4860:4860::8888"],
+)
+def test_public_addresses(address):
+    assert is_public_address(ipaddress.ip_address(address)) is True
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "10.0.0.1",
+        "172.16.0.1",
+        "172.31.255.255",
+        "192.168.1.1",
+        "127.0.0.1",
+        "127.0.0.2",
+        "169.254.169.254",
+        "0.0.0.0",  # noqa: S104 - a refused address, not a bind
+        "224.0.0.1",
+        "240.0.0.1",
+        "255.255.255.255",
+        "100.64.0.1",
+        "192.0.2.1",
+        "198.18.0.1",
+        "::",
+        "::1",
+        "fe80::1",
+        "fc00::1",
+        "fd12:3456::1",
+        "ff02::1",
+        "::ffff:10.0.0.1",
+        "::ffff:127.0.0.1",
+        "2002:7f00:1::1",
+        "2002:a00:1::1",
+        "64:ff9b::a00:1",
+        "64:ff9b::7f00:1",
+        "2001:db8::1",
+    ],
+)
+def test_non_public_addresses(address):
+    assert is_public_address(ipaddress.ip_address(address)) is False
