@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import secrets
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import insert, or_, select, update
 
@@ -90,6 +90,10 @@ class Recorded:
     # False when the delivery was no longer ours (lease lost, endpoint deleted meanwhile): the
     # outcome was not written.
     kept: bool = True
+    # Whether the endpoint may still be sent to: false once it was deleted or disabled, by this
+    # attempt or by anyone meanwhile. Read in the attempt's own transaction, so a drain learns
+    # of a DELETE before its next send, at no extra commit.
+    endpoint_open: bool = True
 
 
 def claim_due_deliveries(
@@ -199,6 +203,14 @@ def record_attempt(
         recorded = Recorded(status=PENDING, retry_at=retry_at)
         values = dict(next_attempt_at=retry_at, last_error=error)
 
+    # Rows are locked endpoint first, then delivery: the order of delete-endpoint and
+    # update-endpoint, so an attempt recorded during a DELETE waits for it instead of
+    # deadlocking with it.
+    failures = None
+    if not outcome.succeeded:
+        failures = _add_failure(claim.endpoint_id, outcome.requested_at)
+    elif claim.counter_may_be_set:
+        _reset_failures(claim.endpoint_id)
     kept = db.session.execute(
         update(WebhookDelivery)
         .where(
@@ -216,8 +228,9 @@ def record_attempt(
         .execution_options(synchronize_session=False)
     ).rowcount
     if not kept:
-        db.session.rollback()
-        return Recorded(status=recorded.status, kept=False)
+        endpoint_open = _endpoint_open(claim.endpoint_id)
+        db.session.rollback()  # the failure count too: this attempt is not ours to count
+        return Recorded(status=recorded.status, kept=False, endpoint_open=endpoint_open)
     db.session.execute(
         insert(WebhookAttempt).values(
             delivery_id=delivery.id,
@@ -230,14 +243,11 @@ def record_attempt(
             request_headers=outcome.request_headers,
         )
     )
-    if outcome.succeeded:
-        if claim.counter_may_be_set:
-            _reset_failures(claim.endpoint_id)
-            claim.counter_may_be_set = False
-    else:
-        claim.counter_may_be_set = True
-        if _count_failure(claim.endpoint_id, outcome.requested_at, policy, now):
-            recorded = Recorded(status=FAILED, endpoint_disabled=True)
+    claim.counter_may_be_set = failures is not None
+    if failures is not None and _disable_if_due(claim.endpoint_id, failures, policy, now):
+        recorded = Recorded(status=FAILED, endpoint_disabled=True, endpoint_open=False)
+    elif not _endpoint_open(claim.endpoint_id):
+        recorded = Recorded(status=recorded.status, retry_at=recorded.retry_at, endpoint_open=False)
     db.session.commit()
     return recorded
 
@@ -282,6 +292,15 @@ def _claimable(now: datetime):
     )
 
 
+def _endpoint_open(endpoint_id: str) -> bool:
+    row = db.session.execute(
+        select(WebhookEndpoint.disabled_at, WebhookEndpoint.deleted_at).where(
+            WebhookEndpoint.id == endpoint_id
+        )
+    ).first()
+    return row is not None and row.disabled_at is None and row.deleted_at is None
+
+
 def _reset_failures(endpoint_id: str) -> None:
     db.session.execute(
         update(WebhookEndpoint)
@@ -291,12 +310,9 @@ def _reset_failures(endpoint_id: str) -> None:
     )
 
 
-def _count_failure(
-    endpoint_id: str, failed_at: datetime, policy: RetryPolicy, now: datetime
-) -> bool:
-    """Add one to the endpoint's consecutive failures; disable it when the run is both long
-    enough and old enough. True when this call disabled it."""
-    row = db.session.execute(
+def _add_failure(endpoint_id: str, failed_at: datetime):
+    """One more failed attempt in the endpoint's run; the run's length, start and state."""
+    return db.session.execute(
         update(WebhookEndpoint)
         .where(WebhookEndpoint.id == endpoint_id)
         .values(
@@ -307,13 +323,20 @@ def _count_failure(
             WebhookEndpoint.consecutive_failures,
             WebhookEndpoint.failing_since,
             WebhookEndpoint.disabled_at,
+            WebhookEndpoint.deleted_at,
         )
         .execution_options(synchronize_session=False)
     ).one()
-    failing_since = _aware(row.failing_since)
+
+
+def _disable_if_due(endpoint_id: str, run, policy: RetryPolicy, now: datetime) -> bool:
+    """Disable the endpoint when its run of failures is both long enough and old enough
+    (CONTRACT 6.2), failing its pending deliveries; True when this call disabled it."""
+    failing_since = _aware(run.failing_since)
     if (
-        row.disabled_at is not None
-        or row.consecutive_failures < policy.disable_failures
+        run.disabled_at is not None
+        or run.deleted_at is not None
+        or run.consecutive_failures < policy.disable_failures
         or failing_since > now - policy.disable_window
     ):
         return False
@@ -323,7 +346,7 @@ def _count_failure(
         .values(
             disabled_at=now,
             disabled_reason=(
-                f"{row.consecutive_failures} consecutive failed attempts since "
+                f"{run.consecutive_failures} consecutive failed attempts since "
                 f"{failing_since:%Y-%m-%d %H:%M} UTC"
             ),
             updated_at=now,
@@ -332,13 +355,11 @@ def _count_failure(
     )
     fail_pending_deliveries(
         endpoint_id,
-        error=f"Endpoint disabled after {row.consecutive_failures} consecutive failed attempts",
+        error=f"Endpoint disabled after {run.consecutive_failures} consecutive failed attempts",
     )
     return True
 
 
 def _aware(value: datetime) -> datetime:
     """RETURNING bypasses the column type on some drivers; make sure the value is aware UTC."""
-    from datetime import UTC
-
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value

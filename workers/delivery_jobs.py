@@ -69,12 +69,13 @@ def _attempt_claim(
     """Attempt the claimed deliveries in order; (attempts made, whether all were attempted)."""
     app = current_app._get_current_object()
     secret = _signing_secret(claim)
+    attempts = 0
     for index, delivery in enumerate(claim.deliveries):
         # Never start an attempt the lease might not outlast: another worker could take the
         # delivery while it is in flight.
         if (claim.leased_until - utcnow()).total_seconds() < 2 * timeout + 2:
             release_deliveries(claim, [d.id for d in claim.deliveries[index:]])
-            return index, False
+            return attempts, False
         if secret is None:
             outcome = AttemptOutcome(
                 requested_at=utcnow(),
@@ -107,10 +108,14 @@ def _attempt_claim(
         )
         if recorded.retry_at is not None:
             dispatch.schedule_drain(app, claim.endpoint_id, recorded.retry_at)
+        attempts += 1
         if recorded.endpoint_disabled:
             log.warning("webhook endpoint %s disabled after repeated failures", claim.endpoint_id)
-            return index + 1, True
-    return len(claim.deliveries), True
+        if not recorded.endpoint_open:
+            # Deleted or disabled: its pending deliveries, the rest of this batch included,
+            # were failed with it. Nothing more is sent.
+            return attempts, True
+    return attempts, True
 
 
 def _signing_secret(claim: Claim) -> str | None:

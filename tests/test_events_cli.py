@@ -1,0 +1,156 @@
+"""`flask events emit BRAND_ID EVENT_NAME [--data JSON]` (CONTRACT section 2): prints the event
+id and nothing else on stdout, fans out like any platform event, and refuses bad input with a
+one-line error, creating nothing."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+
+from extensions import db
+from models import WebhookDelivery, WebhookEvent
+from services.event_catalog import sample_data
+from tests.helpers import assert_success
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def flask_command(environ: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "flask", "--app", "app", *args],
+        env={**environ, "PATH": "/usr/bin:/bin"},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def call(client, brand: str, key: str, method: str, path: str, status: int = 200, **kw) -> dict:
+    response = client.open(
+        f"/api/v1/brand/{brand}/{path}", method=method, headers={"X-Api-Key": key}, **kw
+    )
+    return assert_success(response, status)
+
+
+def register(client, brand, key, events: list[str]) -> str:
+    return call(
+        client,
+        brand,
+        key,
+        "POST",
+        "webhook/register-endpoint",
+        201,
+        json={"url": "http://127.0.0.1:9/hooks", "events": events},
+    )["id"]
+
+
+def deliveries(client, brand, key) -> list[dict]:
+    return call(client, brand, key, "GET", "webhook/fetch-deliveries?limit=100")["deliveries"]
+
+
+def counts(app) -> tuple[int, int]:
+    with app.app_context():
+        events = db.session.scalar(select(func.count()).select_from(WebhookEvent))
+        sent = db.session.scalar(select(func.count()).select_from(WebhookDelivery))
+        db.session.remove()
+    return events, sent
+
+
+def test_emit_prints_the_event_id_and_fans_out_to_subscribers(
+    app, app_environ, client, brand, write_key
+):
+    subscribed = register(client, brand, write_key, ["deal.completed", "escrow.held"])
+    other = register(client, brand, write_key, ["escrow.released"])
+    gone = register(client, brand, write_key, ["deal.completed"])
+    call(client, brand, write_key, "DELETE", f"webhook/{gone}/delete-endpoint")
+
+    result = flask_command(app_environ, "events", "emit", brand, "deal.completed")
+
+    assert result.returncode == 0, result.stderr
+    assert re.fullmatch(r"evt_\w+\n", result.stdout), result.stdout
+    event_id = result.stdout.strip()
+    [delivery] = deliveries(client, brand, write_key)
+    assert delivery["endpointId"] == subscribed
+    assert delivery["endpointId"] not in {other, gone}
+    assert delivery["eventId"] == event_id
+    assert delivery["eventName"] == "deal.completed"
+    assert delivery["status"] == "pending"
+    detail = call(client, brand, write_key, "GET", f"webhook/deliveries/{delivery['id']}")
+    payload = detail["payload"]
+    assert payload["id"] == event_id
+    assert payload["type"] == "deal.completed"
+    assert payload["brandId"] == brand
+    assert payload["apiVersion"] == "1"
+    assert payload["data"] == sample_data("deal.completed")
+
+
+def test_emit_sends_the_given_data(app, runner, client, brand, write_key):
+    endpoint = register(client, brand, write_key, ["conversion.recorded"])
+    data = {"id": "conv_1", "valueMinor": 1250000, "currency": "NGN", "metadata": {"a": [1, 2]}}
+
+    result = runner.invoke(
+        args=["events", "emit", brand, "conversion.recorded", "--data", json.dumps(data)]
+    )
+
+    assert result.exit_code == 0, result.output
+    event_id = result.stdout.strip()
+    assert re.fullmatch(r"evt_\w+", event_id) and result.stdout == event_id + "\n"
+    [delivery] = deliveries(client, brand, write_key)
+    assert delivery["endpointId"] == endpoint
+    detail = call(client, brand, write_key, "GET", f"webhook/deliveries/{delivery['id']}")
+    assert detail["payload"]["id"] == event_id
+    assert detail["payload"]["data"] == data
+
+
+def test_emit_to_a_brand_without_subscribers_records_the_event_only(app, runner, brand):
+    result = runner.invoke(args=["events", "emit", brand, "campaign.published"])
+
+    assert result.exit_code == 0, result.output
+    assert re.fullmatch(r"evt_\w+\n", result.stdout)
+    assert counts(app) == (1, 0)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["brd_does_not_exist", "deal.completed"], "brd_does_not_exist"),
+        (["BRAND", "deal.finished"], "deal.finished"),
+        (["BRAND", "deal.completed", "--data", "{not json"], "not valid JSON"),
+        (["BRAND", "deal.completed", "--data", "[1, 2]"], "JSON object"),
+        (["BRAND", "deal.completed", "--data", '"text"'], "JSON object"),
+        (["BRAND", "deal.completed", "--data", "null"], "JSON object"),
+    ],
+    ids=["unknown-brand", "unknown-event", "invalid-json", "array", "string", "null"],
+)
+def test_emit_refuses_bad_input_and_creates_nothing(
+    app, runner, client, brand, write_key, args, message
+):
+    register(client, brand, write_key, ["deal.completed"])
+
+    result = runner.invoke(args=["events", "emit", *[brand if a == "BRAND" else a for a in args]])
+
+    assert result.exit_code != 0
+    assert result.stdout == ""
+    error = result.stderr.strip()
+    assert "\n" not in error, error
+    assert error.startswith("Error:"), error
+    assert message in error, error
+    assert counts(app) == (0, 0)
+
+
+def test_emit_error_in_a_real_process(app, app_environ, brand):
+    result = flask_command(app_environ, "events", "emit", brand, "deal.finished")
+
+    assert result.returncode != 0
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "deal.finished" in lines[0], result.stderr
+    assert counts(app) == (0, 0)

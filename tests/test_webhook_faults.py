@@ -1,0 +1,190 @@
+"""At least once (CONTRACT 6.2): Redis down when an event is recorded, or a worker SIGKILLed
+mid-attempt, delays a delivery but never loses it. Each test runs its own worker processes, so
+no other worker consumes the queue meanwhile."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from rq import Queue
+
+from app import create_app
+from extensions import db
+from services.events import publish_event
+from tests.helpers import assert_success
+from tests.receiver import Reply
+from tests.worker_process import WorkerProcess
+from workers.connection import QUEUES, redis_connection
+
+UNREACHABLE_REDIS = "redis://127.0.0.1:1/0"  # nothing listens on port 1
+
+
+@pytest.fixture
+def start_worker(app_environ) -> Iterator[Callable[..., WorkerProcess]]:
+    started: list[WorkerProcess] = []
+
+    def start(**settings: str) -> WorkerProcess:
+        process = WorkerProcess(app_environ, **settings)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.stop()
+
+
+def call(client, brand: str, key: str, method: str, path: str, status: int = 200, **kw) -> dict:
+    response = client.open(
+        f"/api/v1/brand/{brand}/{path}", method=method, headers={"X-Api-Key": key}, **kw
+    )
+    return assert_success(response, status)
+
+
+def wait_for_delivery(client, brand, key, delivery_id, status, *, timeout, worker) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        detail = call(client, brand, key, "GET", f"webhook/deliveries/{delivery_id}")
+        if detail["status"] == status:
+            return detail
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"delivery {delivery_id} not {status}: {detail}\n{worker.output()}"
+            )
+        time.sleep(0.05)
+
+
+def child_pids(pid: int) -> list[int]:
+    """The direct children of a process (the RQ worker's scheduler), from /proc."""
+    children: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return children
+
+
+def queued_jobs_for(app, endpoint_id: str) -> list[str]:
+    """Jobs on the real Redis (queued or scheduled) that mention the endpoint."""
+    queue = Queue(QUEUES[0], connection=redis_connection(app))
+    job_ids = queue.job_ids + queue.scheduled_job_registry.get_job_ids()
+    return [
+        job.id
+        for job in queue.job_class.fetch_many(job_ids, connection=queue.connection)
+        if job is not None and endpoint_id in job.args
+    ]
+
+
+def test_event_recorded_while_redis_is_down_is_delivered_later(
+    app, app_environ, brand, write_key, receiver, start_worker
+):
+    offline = create_app({**app_environ, "REDIS_URL": UNREACHABLE_REDIS})
+    client = offline.test_client()
+    try:
+        started = time.monotonic()
+        endpoint = call(
+            client,
+            brand,
+            write_key,
+            "POST",
+            "webhook/register-endpoint",
+            201,
+            json={"url": receiver.url},
+        )
+        receiver.secrets = [endpoint["signingSecret"]]
+        ping = call(client, brand, write_key, "POST", f"webhook/{endpoint['id']}/send-test", 202)
+        with offline.app_context():
+            published = publish_event(brand_id=brand, name="deal.completed", data={"n": 1})
+            [event_delivery] = published.delivery_ids
+            db.session.commit()  # the drain cannot be queued: Redis is unreachable
+        assert time.monotonic() - started < 3.0, "recording events waited on the dead Redis"
+    finally:
+        with offline.app_context():
+            db.session.remove()
+            db.engine.dispose()
+    delivery_ids = {ping["deliveryId"], event_delivery}
+    for delivery_id in delivery_ids:
+        detail = call(client, brand, write_key, "GET", f"webhook/deliveries/{delivery_id}")
+        assert detail["status"] == "pending" and detail["attemptCount"] == 0
+    assert queued_jobs_for(app, endpoint["id"]) == []
+
+    worker = start_worker()  # on the real Redis: its sweeper finds the overdue deliveries
+
+    requests = receiver.wait_for(2, timeout=15)
+    assert {r.delivery_id for r in requests} == delivery_ids, worker.output()
+    assert all(r.signature_valid for r in requests)
+    assert {r.headers["X-Service-Event"] for r in requests} == {"webhook.test", "deal.completed"}
+    for delivery_id in delivery_ids:
+        detail = wait_for_delivery(
+            client, brand, write_key, delivery_id, "delivered", timeout=10, worker=worker
+        )
+        assert detail["attemptCount"] == 1
+
+
+def test_worker_killed_mid_attempt_is_redelivered_by_another(
+    app, client, brand, write_key, receiver, start_worker
+):
+    endpoint = call(
+        client,
+        brand,
+        write_key,
+        "POST",
+        "webhook/register-endpoint",
+        201,
+        json={"url": receiver.url},
+    )
+    receiver.secrets = [endpoint["signingSecret"]]
+    release = threading.Event()
+    receiver.reply_with(Reply(hold=release))
+    doomed = start_worker()
+    scheduler_pids: list[int] = []
+    try:
+        with app.app_context():
+            [delivery_id] = publish_event(
+                brand_id=brand, name="deal.completed", data={"n": 1}
+            ).delivery_ids
+            db.session.commit()
+        [held] = receiver.wait_for(1, timeout=15)
+        scheduler_pids = child_pids(doomed.pid)
+        doomed.kill()  # mid-attempt: the request is still being held open
+    finally:
+        release.set()
+        _end_orphans(scheduler_pids)
+    assert held.delivery_id == delivery_id
+    detail = call(client, brand, write_key, "GET", f"webhook/deliveries/{delivery_id}")
+    assert detail["status"] == "pending", detail
+    assert detail["attemptCount"] == 0, detail
+
+    successor = start_worker()  # after the lease (3 * 1 s + 5 s) the sweeper hands it over
+
+    try:
+        first, second = receiver.wait_for(2, timeout=25)
+    except AssertionError as error:
+        raise AssertionError(f"{error}\n{doomed.output()}\n{successor.output()}") from None
+    assert second.delivery_id == first.delivery_id == delivery_id
+    assert second.signature_valid
+    assert second.body == first.body
+    detail = wait_for_delivery(
+        client, brand, write_key, delivery_id, "delivered", timeout=10, worker=successor
+    )
+    assert detail["attempts"][-1]["httpStatus"] == 200
+    assert detail["attemptCount"] == len(detail["attempts"]) == 1
+    assert len(receiver.received) == 2
+
+
+def _end_orphans(pids: list[int]) -> None:
+    """The killed worker's scheduler process outlives it (RQ forks it and it never checks its
+    parent): end it by its id, so that it stops holding the scheduler lock."""
+    for pid in pids:
+        try:
+            if b"worker" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                continue
+            os.kill(pid, signal.SIGTERM)
+        except (OSError, ProcessLookupError):
+            continue
