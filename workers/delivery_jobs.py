@@ -20,6 +20,7 @@ from services.delivery_attempts import (
     AttemptOutcome,
     Claim,
     RetryPolicy,
+    autocommit_connection,
     claim_due_deliveries,
     record_attempt,
     release_deliveries,
@@ -53,7 +54,8 @@ def drain_endpoint(endpoint_id: str) -> int:
         claim = claim_due_deliveries(endpoint_id, limit=BATCH_SIZE, lease=lease, now=utcnow())
         if claim is None:
             return attempts
-        made, finished = _attempt_claim(claim, policy, url_policy, timeout)
+        with autocommit_connection() as autocommit:
+            made, finished = _attempt_claim(claim, policy, url_policy, timeout, autocommit)
         attempts += made
         if not finished:
             break
@@ -64,7 +66,7 @@ def drain_endpoint(endpoint_id: str) -> int:
 
 
 def _attempt_claim(
-    claim: Claim, policy: RetryPolicy, url_policy: UrlPolicy, timeout: float
+    claim: Claim, policy: RetryPolicy, url_policy: UrlPolicy, timeout: float, autocommit
 ) -> tuple[int, bool]:
     """Attempt the claimed deliveries in order; (attempts made, whether all were attempted)."""
     app = current_app._get_current_object()
@@ -95,8 +97,13 @@ def _attempt_claim(
                 delivery_id=delivery.id,
                 timeout=timeout,
             )
-        recorded = record_attempt(claim, delivery, outcome, policy=policy, now=utcnow())
-        log.info(
+        recorded = record_attempt(
+            claim, delivery, outcome, policy=policy, now=utcnow(), autocommit=autocommit
+        )
+        # Successes are the bulk and live in the delivery log; failures are what operators
+        # watch for.
+        log.log(
+            logging.DEBUG if outcome.succeeded and recorded.kept else logging.INFO,
             "webhook attempt delivery=%s endpoint=%s attempt=%d status=%s http=%s ms=%d%s",
             delivery.id,
             claim.endpoint_id,
