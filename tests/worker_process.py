@@ -3,6 +3,7 @@ and Redis and short retry settings, stopped (or SIGKILLed) by the test."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -32,6 +33,8 @@ class WorkerProcess:
             cwd=ROOT,
             stdout=self.log,
             stderr=subprocess.STDOUT,
+            # Its own process group: the worker forks RQ's scheduler, and kill() ends both.
+            start_new_session=True,
         )
 
     @property
@@ -39,17 +42,18 @@ class WorkerProcess:
         return self.process.pid
 
     def kill(self) -> None:
-        """SIGKILL: no cleanup of any kind, as when a machine dies."""
-        self.process.send_signal(signal.SIGKILL)
+        """SIGKILL to the worker and its scheduler: no cleanup of any kind, as when the machine
+        dies."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait(10)
 
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        self.kill()  # whatever of the group is left
         self.log.close()
 
     def output(self) -> str:
