@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import click
 from flask import current_app
@@ -21,20 +22,31 @@ class DeliveryWorker(SimpleWorker):
     fork per job (about 16 jobs/s with the forking worker here, 200+ without), and the app, its
     connection pool and its HTTP session are built once.
 
-    RQ's maintenance tick, which already cleans registries, also runs the sweeper; the dequeue
-    wait is cut to the sweep interval so that an idle worker still ticks on time.
+    RQ's maintenance tick runs the sweeper every `sweep_interval` and RQ's own registry
+    cleaning at RQ's pace; the dequeue wait is cut to the sweep interval so that an idle worker
+    still ticks on time.
     """
 
     def __init__(self, *args, sweep_interval: float, **kwargs) -> None:
         self.sweep_interval = sweep_interval  # read by dequeue_timeout during __init__
-        super().__init__(*args, maintenance_interval=sweep_interval, **kwargs)
+        self._swept_at: float | None = None
+        super().__init__(*args, **kwargs)
 
     @property
     def dequeue_timeout(self) -> int:
         return max(1, round(self.sweep_interval))
 
+    @property
+    def should_run_maintenance_tasks(self) -> bool:
+        sweep_due = self._swept_at is None or (
+            time.monotonic() - self._swept_at >= self.sweep_interval
+        )
+        return sweep_due or super().should_run_maintenance_tasks
+
     def run_maintenance_tasks(self) -> None:
-        super().run_maintenance_tasks()
+        if super().should_run_maintenance_tasks:
+            super().run_maintenance_tasks()
+        self._swept_at = time.monotonic()
         try:
             sweep(current_app._get_current_object())
         except Exception:
