@@ -54,7 +54,7 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
     app.register_blueprint(system)
     register_error_handlers(app)
     register_commands(app)
-    dispatch.install(app)
+    dispatch.install()
     app.before_request(_start_request)
     app.after_request(_finish_request)
     return app

@@ -46,7 +46,7 @@ def publish_event(
 ) -> PublishedEvent:
     """Record the event `name` for the brand and a pending delivery to every active endpoint
     subscribed to it (or, with `only_endpoint_ids`, to those active endpoints whatever their
-    subscriptions: test pings and redeliveries).
+    subscriptions: the test ping).
 
     :raise ValidationFailed: unknown event name, or `data` that is not a JSON object.
     :raise NotFound: unknown brand.

@@ -22,6 +22,7 @@ def test_development_defaults(tmp_path):
     assert loaded.webhook_retry_schedule == (5, 300, 1800, 7200, 18000, 36000, 36000)
     assert (loaded.webhook_disable_failures, loaded.webhook_disable_window) == (15, 259200)
     assert loaded.webhook_timeout == 10.0
+    assert loaded.webhook_sweep_interval == 10.0
 
 
 def test_development_secrets_are_generated_once_into_instance(tmp_path):

@@ -34,8 +34,9 @@ DRAIN_FLAG_TTL_SECONDS = 300
 DRAIN_JOB_TIMEOUT_SECONDS = 600
 
 
-def install(app: Flask) -> None:
-    """Enqueue after every commit that published deliveries (once per process)."""
+def install() -> None:
+    """Enqueue after every commit that published deliveries (once per process: the listener is
+    on SQLAlchemy's Session class, shared by every app in it)."""
     if not event.contains(Session, "after_commit", _wake_after_commit):
         event.listen(Session, "after_commit", _wake_after_commit)
         event.listen(Session, "after_soft_rollback", _forget_on_rollback)
