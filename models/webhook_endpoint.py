@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import JSON, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import JSON, ForeignKey, Index, Integer, String, Text, and_
+from sqlalchemy.ext.hybrid import hybrid_property
 from sqlalchemy.orm import Mapped, mapped_column
 
 from extensions import db
@@ -42,9 +43,15 @@ class WebhookEndpoint(db.Model):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
-    @property
+    @hybrid_property
     def is_active(self) -> bool:
+        """Receives deliveries: neither disabled nor deleted. Also usable in queries."""
         return self.disabled_at is None and self.deleted_at is None
+
+    @is_active.inplace.expression
+    @classmethod
+    def _is_active_expression(cls):
+        return and_(cls.disabled_at.is_(None), cls.deleted_at.is_(None))
 
     def __repr__(self) -> str:
         return f"<WebhookEndpoint {self.id} {self.url}>"

@@ -92,7 +92,7 @@ def redeliver(*, brand_id: str, delivery_id: str, now: datetime | None = None) -
     )
     if endpoint is None or endpoint.deleted_at is not None:
         raise NotFound("The endpoint of this delivery was deleted")
-    if endpoint.disabled_at is not None:
+    if not endpoint.is_active:
         raise NotFound(
             "The endpoint of this delivery is disabled; re-enable it with update-endpoint first"
         )

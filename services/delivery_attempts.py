@@ -109,13 +109,12 @@ def claim_due_deliveries(
             WebhookEndpoint.url,
             WebhookEndpoint.secret_ciphertext,
             WebhookEndpoint.consecutive_failures,
-            WebhookEndpoint.disabled_at,
-            WebhookEndpoint.deleted_at,
+            WebhookEndpoint.is_active,
         ).where(WebhookEndpoint.id == endpoint_id)
     ).first()
     if endpoint is None:
         return None
-    if endpoint.disabled_at is not None or endpoint.deleted_at is not None:
+    if not endpoint.is_active:
         # Their pending deliveries were failed when that happened; any left by a race go now.
         fail_pending_deliveries(endpoint_id, error="Endpoint disabled or deleted")
         db.session.commit()
@@ -379,12 +378,11 @@ def _claimable(now: datetime):
 
 
 def _endpoint_open(endpoint_id: str) -> bool:
-    row = db.session.execute(
-        select(WebhookEndpoint.disabled_at, WebhookEndpoint.deleted_at).where(
-            WebhookEndpoint.id == endpoint_id
+    return bool(
+        db.session.scalar(
+            select(WebhookEndpoint.is_active).where(WebhookEndpoint.id == endpoint_id)
         )
-    ).first()
-    return row is not None and row.disabled_at is None and row.deleted_at is None
+    )
 
 
 def _reset_failures(endpoint_id: str) -> None:

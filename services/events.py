@@ -115,9 +115,7 @@ def _receiving_endpoints(
     brand_id: str, name: str, only_endpoint_ids: Collection[str] | None
 ) -> list[str]:
     statement = select(WebhookEndpoint.id, WebhookEndpoint.events).where(
-        WebhookEndpoint.brand_id == brand_id,
-        WebhookEndpoint.disabled_at.is_(None),
-        WebhookEndpoint.deleted_at.is_(None),
+        WebhookEndpoint.brand_id == brand_id, WebhookEndpoint.is_active
     )
     if only_endpoint_ids is not None:
         statement = statement.where(WebhookEndpoint.id.in_(list(only_endpoint_ids)))
