@@ -274,7 +274,7 @@ def record_attempt(
 # The common case, a success with nothing else to change, as one autocommitted statement: on
 # PostgreSQL a CTE can settle the delivery and log its attempt together. That is one round trip
 # where BEGIN, UPDATE, INSERT and COMMIT are four, and it measured 0.4 ms against 0.95 ms; the
-# endpoint check is folded into the UPDATE's condition.
+# endpoint check (WebhookEndpoint.is_active, spelt out) is folded into the UPDATE's condition.
 _DELIVERED_AT_ONCE = text(
     """
     WITH settled AS (
