@@ -3,6 +3,11 @@
 from models.api_key import ApiKey
 from models.bootstrap_token import BootstrapToken
 from models.brand import Brand
+from models.campaign import Campaign
+from models.deal import Deal
+from models.escrow_hold import EscrowHold
+from models.placement import Placement
+from models.tracked_link import TrackedLink
 from models.webhook_delivery import WebhookAttempt, WebhookDelivery
 from models.webhook_endpoint import WebhookEndpoint
 from models.webhook_event import WebhookEvent
@@ -11,6 +16,11 @@ __all__ = [
     "ApiKey",
     "BootstrapToken",
     "Brand",
+    "Campaign",
+    "Deal",
+    "EscrowHold",
+    "Placement",
+    "TrackedLink",
     "WebhookAttempt",
     "WebhookDelivery",
     "WebhookEndpoint",

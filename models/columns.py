@@ -15,13 +15,16 @@ _CROCKFORD32 = "0123456789abcdefghjkmnpqrstvwxyz"
 ID_LENGTH = 40
 
 
-def new_id(prefix: str) -> str:
+def new_id(prefix: str, at: datetime | None = None) -> str:
     """An opaque id with a type prefix (CONTRACT section 3), e.g. `key_01jd3...`.
 
     48 bits of milliseconds then 80 random bits, in Crockford base32 (26 characters): ids sort
     roughly by creation time, which keeps B-tree inserts local and makes id a usable tie-breaker.
+    `at` stamps a record whose creation time is not now (the demo's month of history), so that
+    its id still sorts with its `created_at`.
     """
-    value = (int(time.time() * 1000) << 80) | secrets.randbits(80)
+    millis = int((at.timestamp() if at is not None else time.time()) * 1000)
+    value = (millis << 80) | secrets.randbits(80)
     chars = []
     for _ in range(26):
         chars.append(_CROCKFORD32[value & 31])

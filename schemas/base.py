@@ -5,7 +5,10 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 
-from marshmallow import Schema, ValidationError, fields
+from marshmallow import Schema, ValidationError, fields, validate
+
+from models.columns import ID_LENGTH
+from models.money import CURRENCIES
 
 _CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -34,6 +37,23 @@ class Timestamp(fields.DateTime):
         return None if value is None else iso_timestamp(value)
 
 
+class ResourceId(fields.String):
+    """An id filter: an id of the named kind (`cmp_…`), or a 400 that says so, so that a deal id
+    passed as `campaignId` is an error instead of a silently empty list."""
+
+    def __init__(self, prefix: str, kind: str, **options) -> None:
+        self.prefix = f"{prefix}_"
+        self.kind = kind
+        metadata = {"description": f"A {kind} id (`{self.prefix}…`)."} | options.pop("metadata", {})
+        super().__init__(metadata=metadata, **options)
+
+    def _deserialize(self, value, attr, data, **kwargs) -> str:
+        text = super()._deserialize(value, attr, data, **kwargs)
+        if not text.startswith(self.prefix) or len(text) > ID_LENGTH:
+            raise ValidationError(f"Not a {self.kind} id (they start with {self.prefix}).")
+        return text
+
+
 class Label(fields.String):
     """A human label: surrounding whitespace trimmed, control characters refused."""
 
@@ -42,3 +62,12 @@ class Label(fields.String):
         if _CONTROL_CHARACTERS.search(text):
             raise ValidationError("Must not contain control characters.")
         return text
+
+
+def money(description: str, **options) -> fields.Integer:
+    """An amount in minor units (kobo, cents) of the record's `currency` (CONTRACT 3)."""
+    return fields.Integer(metadata={"description": f"{description} In minor units."}, **options)
+
+
+def currency_field() -> fields.String:
+    return fields.String(validate=validate.OneOf(CURRENCIES), metadata={"example": "NGN"})

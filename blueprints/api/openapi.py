@@ -23,6 +23,11 @@ PATH_PARAMETER_DESCRIPTIONS = {
     "keyId": "An API key id (`key_…`) from create-key or fetch-keys.",
     "endpointId": "A webhook endpoint id (`whe_…`) from register-endpoint or fetch-endpoints.",
     "deliveryId": "A webhook delivery id (`whd_…`) from fetch-deliveries, send-test or redeliver.",
+    "campaignId": "A campaign id (`cmp_…`) from fetch-campaigns or an event.",
+    "dealId": "A deal id (`deal_…`) from fetch-deals or an event.",
+    "linkId": "A tracked link id (`lnk_…`) from fetch-links.",
+    "placementId": "A placement id (`plc_…`) from fetch-placements or an event.",
+    "holdId": "An escrow hold id (`esc_…`) from fetch-holds or an event.",
 }
 
 _ERROR_RESPONSES = {

@@ -1,0 +1,33 @@
+"""Reading the brand's tracked links (fetchLinks, fetchLink)."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+
+from models import TrackedLink
+from services.pagination import Page, paginate
+from services.records import get_owned, newest_first
+
+
+def list_links(
+    *,
+    brand_id: str,
+    page: int,
+    limit: int,
+    campaign_id: str | None = None,
+    deal_id: str | None = None,
+    code: str | None = None,
+) -> Page:
+    statement = select(TrackedLink).where(TrackedLink.brand_id == brand_id)
+    if campaign_id is not None:
+        statement = statement.where(TrackedLink.campaign_id == campaign_id)
+    if deal_id is not None:
+        statement = statement.where(TrackedLink.deal_id == deal_id)
+    if code is not None:
+        statement = statement.where(TrackedLink.code == code)
+    return paginate(newest_first(statement, TrackedLink), page=page, limit=limit)
+
+
+def get_link(brand_id: str, link_id: str) -> TrackedLink:
+    """:raise NotFound: missing, or another brand's."""
+    return get_owned(TrackedLink, link_id, brand_id, "tracked link")
