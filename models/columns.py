@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 import sqlite3
+import threading
 import time
 from datetime import UTC, datetime
 
@@ -13,18 +14,29 @@ from sqlalchemy.types import TypeDecorator
 
 _CROCKFORD32 = "0123456789abcdefghjkmnpqrstvwxyz"
 ID_LENGTH = 40
+_id_lock = threading.Lock()
+_last_value = 0
 
 
 def new_id(prefix: str, at: datetime | None = None) -> str:
     """An opaque id with a type prefix (CONTRACT section 3), e.g. `key_01jd3...`.
 
     48 bits of milliseconds then 80 random bits, in Crockford base32 (26 characters): ids sort
-    roughly by creation time, which keeps B-tree inserts local and makes id a usable tie-breaker.
-    `at` stamps a record whose creation time is not now (the demo's month of history), so that
-    its id still sorts with its `created_at`.
+    by creation time, which keeps B-tree inserts local and makes id a usable tie-breaker. Within
+    one millisecond a process counts up from its last id instead of drawing again, so the ids
+    one process makes sort in the order it made them (an event's deliveries, a demo step's
+    events). `at` stamps a record whose creation time is not now (the demo's month of
+    history), so that its id still sorts with its `created_at`.
     """
-    millis = int((at.timestamp() if at is not None else time.time()) * 1000)
-    value = (millis << 80) | secrets.randbits(80)
+    global _last_value
+    if at is not None:
+        value = (int(at.timestamp() * 1000) << 80) | secrets.randbits(80)
+    else:
+        with _id_lock:
+            value = (int(time.time() * 1000) << 80) | secrets.randbits(80)
+            if value >> 80 <= _last_value >> 80:
+                value = _last_value + 1
+            _last_value = value
     chars = []
     for _ in range(26):
         chars.append(_CROCKFORD32[value & 31])

@@ -1,0 +1,62 @@
+"""Locking the platform records a change is about, and announcing the change."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TypeVar
+
+from sqlalchemy import select
+
+from extensions import db
+from models import Campaign, Deal, EscrowHold, Placement
+from schemas.base import camelcase
+from schemas.campaigns import CampaignSchema
+from schemas.deals import DealSchema
+from schemas.escrow_holds import EscrowHoldSchema
+from schemas.placements import PlacementSchema
+from services.errors import NotFound
+from services.events import PublishedEvent, publish_event
+
+Record = TypeVar("Record")
+
+# Event `data` is the record in its read-API shape (the same schemas as the read routes).
+_SHAPES = {
+    Campaign: CampaignSchema(),
+    Deal: DealSchema(),
+    EscrowHold: EscrowHoldSchema(),
+    Placement: PlacementSchema(),
+}
+
+
+def locked(model: type[Record], record_id: str) -> Record:
+    """The record, locked for the rest of the transaction and freshly read.
+
+    :raise NotFound: no such record.
+    """
+    record = db.session.scalar(
+        select(model)
+        .where(model.id == record_id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    )
+    if record is None:
+        raise NotFound(f"No {model.__name__} with id {record_id!r}")
+    return record
+
+
+def peek(model: type[Record], record_id: str) -> Record:
+    """The record, unlocked: to learn which rows to lock, in the package's order.
+
+    :raise NotFound: no such record.
+    """
+    record = db.session.get(model, record_id)
+    if record is None:
+        raise NotFound(f"No {model.__name__} with id {record_id!r}")
+    return record
+
+
+def announce(*, brand_id: str, name: str, record, now: datetime, **changes) -> PublishedEvent:
+    """Publish `name` about `record`, plus what changed (`previous_status=...`)."""
+    data = _SHAPES[type(record)].dump(record)
+    data.update({camelcase(key): value for key, value in changes.items()})
+    return publish_event(brand_id=brand_id, name=name, data=data, now=now)
