@@ -8,7 +8,7 @@ import click
 from flask.cli import AppGroup
 
 from commands import command_transaction
-from services.demo import database_is_empty, seed_demo_workspace
+from services.demo import database_is_empty, seed_demo_workspace, simulate_step
 
 demo = AppGroup("demo", help="The demo workspace.")
 
@@ -20,11 +20,36 @@ demo = AppGroup("demo", help="The demo workspace.")
     help="Seed only when there is no brand yet (first run); else print nothing.",
 )
 def seed_command(if_empty: bool) -> None:
-    """Create the demo brand; prints {"brandId", "bootstrapToken"} as JSON."""
+    """Create the demo brand and its month of campaigns, deals, escrow, links and placements;
+    prints {"brandId", "bootstrapToken"} as JSON."""
     with command_transaction():
         if if_empty and not database_is_empty():
             return
         workspace = seed_demo_workspace()
     click.echo(
         json.dumps({"brandId": workspace.brand.id, "bootstrapToken": workspace.bootstrap_token})
+    )
+
+
+@demo.command("simulate")
+@click.option(
+    "--brand",
+    "brand_id",
+    default=None,
+    help="The brand to move; default: the newest demo brand.",
+)
+def simulate_command(brand_id: str | None) -> None:
+    """Move the demo workspace one step forward (a placement verified, a deal completed, a
+    budget threshold crossed...); prints {"brandId", "step", "events"} as JSON, and the events
+    reach the brand's endpoints like any platform event."""
+    with command_transaction():
+        step = simulate_step(brand_id=brand_id)
+    click.echo(
+        json.dumps(
+            {
+                "brandId": step.brand_id,
+                "step": step.description,
+                "events": [{"id": event_id, "type": name} for event_id, name in step.events],
+            }
+        )
     )

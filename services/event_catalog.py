@@ -30,11 +30,19 @@ _CAMPAIGN = {
     "name": "Harmattan Glow launch",
     "status": "active",
     "pricingModel": "fixed_fee",
+    "clickRateMinor": None,
+    "currency": "NGN",
     "budgetMinor": 250000000,
     "spentMinor": 112500000,
-    "currency": "NGN",
+    "committedMinor": 45000000,
+    "remainingMinor": 92500000,
     "startsAt": "2026-11-01T00:00:00.000Z",
     "endsAt": "2026-11-30T23:59:59.000Z",
+    "publishedAt": "2026-11-01T00:00:00.000Z",
+    "completedAt": None,
+    "cancelledAt": None,
+    "createdAt": "2026-10-28T10:12:44.000Z",
+    "updatedAt": "2026-11-15T09:30:00.000Z",
 }
 _DEAL = {
     "id": "deal_01jd3kb7c9x2m4n6p8q0r2s4t6",
@@ -43,7 +51,52 @@ _DEAL = {
     "status": "completed",
     "agreedAmountMinor": 45000000,
     "currency": "NGN",
+    "escrow": {
+        "heldMinor": 0,
+        "releasedMinor": 45000000,
+        "refundedMinor": 0,
+        "currency": "NGN",
+    },
+    "settlement": {
+        "verifiedPlacements": 2,
+        "placementsRequired": 2,
+        "amountDueMinor": 45000000,
+        "amountSettledMinor": 45000000,
+        "outstandingMinor": 0,
+        "currency": "NGN",
+    },
+    "acceptedAt": "2026-11-05T10:00:00.000Z",
+    "completedAt": "2026-11-20T08:15:00.000Z",
+    "createdAt": "2026-11-04T16:20:00.000Z",
+    "updatedAt": "2026-11-20T08:15:00.000Z",
 }
+
+
+def _deal_at(status: str, previous: str, *, held=0, refunded=0, verified=0, accepted=True) -> dict:
+    """The sample deal at another point of its life: escrow and settlement to match."""
+    due = _DEAL["agreedAmountMinor"] * verified // 2
+    return {
+        **_DEAL,
+        "status": status,
+        "escrow": {
+            **_DEAL["escrow"],
+            "heldMinor": held,
+            "releasedMinor": 0,
+            "refundedMinor": refunded,
+        },
+        "settlement": {
+            **_DEAL["settlement"],
+            "verifiedPlacements": verified,
+            "amountDueMinor": due,
+            "amountSettledMinor": 0,
+            "outstandingMinor": due,
+        },
+        "acceptedAt": _DEAL["acceptedAt"] if accepted else None,
+        "completedAt": None,
+        "previousStatus": previous,
+    }
+
+
 _CONTENT = {
     "id": "cnt_01jd3kd2f4g6h8j0k2m4n6p8q0",
     "dealId": _DEAL["id"],
@@ -59,7 +112,9 @@ _PLACEMENT = {
     "platform": "instagram",
     "postUrl": "https://www.instagram.com/p/C9xYz12AbCd/",
     "clicks": 1842,
+    "submittedAt": "2026-11-13T18:22:10.000Z",
     "verifiedAt": "2026-11-14T16:03:55.000Z",
+    "metricsUpdatedAt": "2026-11-16T06:00:00.000Z",
 }
 _HOLD = {
     "id": "esc_01jd3kh8k0m2n4p6q8r0s2t4v6",
@@ -95,57 +150,77 @@ _TYPES = (
     _event(
         "campaign.published",
         "A campaign went live and is open to creators.",
-        {**_CAMPAIGN, "status": "active", "spentMinor": 0},
+        {**_CAMPAIGN, "spentMinor": 0, "committedMinor": 0, "remainingMinor": 250000000},
     ),
     _event(
         "campaign.completed",
         "A campaign reached its end date or its last deal completed.",
-        {**_CAMPAIGN, "status": "completed", "spentMinor": 243000000},
+        {
+            **_CAMPAIGN,
+            "status": "completed",
+            "spentMinor": 243000000,
+            "committedMinor": 0,
+            "remainingMinor": 7000000,
+            "completedAt": "2026-11-30T23:59:59.000Z",
+        },
     ),
     _event(
         "campaign.cancelled",
         "A campaign was cancelled before completion; open deals are cancelled with it.",
-        {**_CAMPAIGN, "status": "cancelled", "previousStatus": "active"},
+        {
+            **_CAMPAIGN,
+            "status": "cancelled",
+            "committedMinor": 0,
+            "remainingMinor": 137500000,
+            "cancelledAt": "2026-11-18T12:00:00.000Z",
+            "previousStatus": "active",
+        },
     ),
     _event(
         "campaign.budget_threshold",
         "A campaign's spend crossed a share of its budget (50, 80 and 100 percent).",
-        {**_CAMPAIGN, "spentMinor": 200000000, "thresholdPercent": 80},
+        {
+            **_CAMPAIGN,
+            "spentMinor": 200000000,
+            "committedMinor": 0,
+            "remainingMinor": 50000000,
+            "thresholdPercent": 80,
+        },
     ),
     _event(
         "deal.accepted",
         "A creator accepted the brand's offer; escrow is held next.",
-        {**_DEAL, "status": "accepted", "previousStatus": "offered"},
+        _deal_at("accepted", "offered"),
     ),
     _event(
         "deal.declined",
         "A creator declined the offer.",
-        {**_DEAL, "status": "declined", "previousStatus": "offered"},
+        _deal_at("declined", "offered", accepted=False),
     ),
     _event(
         "deal.expired",
         "An offer expired before the creator answered.",
-        {**_DEAL, "status": "expired", "previousStatus": "offered"},
+        _deal_at("expired", "offered", accepted=False),
     ),
     _event(
         "deal.status_changed",
         "Any change of a deal's status, including those with their own event.",
-        {**_DEAL, "status": "in_progress", "previousStatus": "accepted"},
+        _deal_at("in_progress", "accepted", held=_DEAL["agreedAmountMinor"]),
     ),
     _event(
         "deal.completed",
         "A deal's placements were verified and it is settled.",
-        {**_DEAL, "status": "completed", "previousStatus": "in_progress"},
+        {**_DEAL, "previousStatus": "in_progress"},
     ),
     _event(
         "deal.cancelled",
         "A deal was cancelled; its escrow is refunded.",
-        {**_DEAL, "status": "cancelled", "previousStatus": "accepted"},
+        _deal_at("cancelled", "accepted", refunded=_DEAL["agreedAmountMinor"]),
     ),
     _event(
         "deal.disputed",
         "The brand or the creator opened a dispute on a deal.",
-        {**_DEAL, "status": "disputed", "previousStatus": "in_progress"},
+        _deal_at("disputed", "in_progress", held=_DEAL["agreedAmountMinor"], verified=1),
     ),
     _event(
         "content.submitted",
@@ -155,7 +230,7 @@ _TYPES = (
     _event(
         "placement.submitted",
         "A creator reported a live post; it awaits verification.",
-        {**_PLACEMENT, "clicks": 0, "verifiedAt": None},
+        {**_PLACEMENT, "clicks": 0, "verifiedAt": None, "metricsUpdatedAt": None},
     ),
     _event(
         "placement.verified",
@@ -195,7 +270,6 @@ _TYPES = (
         "dispute.resolved",
         "A dispute on a deal was resolved; escrow moves accordingly.",
         {
-            "id": "dsp_01jd3kp4q6r8s0t2v4w6x8y0z2",
             "dealId": _DEAL["id"],
             "campaignId": _CAMPAIGN["id"],
             "outcome": "split",
