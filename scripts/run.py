@@ -270,6 +270,8 @@ def seed_demo(env: dict[str, str], port: int) -> None:
                 "  its first API key)",
                 "Create the first API key (once the server below is up):",
                 f"  {curl}",
+                "Then move the demo forward, one platform change (and its webhooks) at a time:",
+                f"  {venv_command('flask')} --app app demo simulate",
                 rule,
             ]
         )
