@@ -9,7 +9,7 @@ from functools import cache
 from marshmallow import Schema, fields, validate
 
 from schemas.base import ApiSchema
-from services.pagination import DEFAULT_LIMIT, MAX_LIMIT
+from services.pagination import DEFAULT_LIMIT, MAX_LIMIT, MAX_PAGE
 
 ERROR_CODES = (
     "VALIDATION_ERROR",
@@ -29,7 +29,9 @@ class PageQuerySchema(ApiSchema):
     """`page` and `limit` of every list (CONTRACT section 3); lists add their filters."""
 
     page = fields.Integer(
-        load_default=1, validate=validate.Range(min=1), metadata={"description": "From 1."}
+        load_default=1,
+        validate=validate.Range(min=1, max=MAX_PAGE),
+        metadata={"description": f"From 1, at most {MAX_PAGE:,}."},
     )
     limit = fields.Integer(
         load_default=DEFAULT_LIMIT,

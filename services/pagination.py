@@ -21,6 +21,8 @@ from extensions import db
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 100
 COUNT_LIMIT = 10_000
+# Far past any real list, and small enough that page times limit is an offset every database takes.
+MAX_PAGE = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -41,13 +43,16 @@ class Page:
         return not self.total_exact or self.page * self.limit < self.total
 
 
-def paginate(statement: Select, *, page: int, limit: int) -> Page:
-    """Run `statement` (already ordered) for one page, and count its rows (see above)."""
+def paginate(statement: Select, *, page: int, limit: int, count: Select | None = None) -> Page:
+    """Run `statement` (already ordered) for one page, and count its rows (see above), or those
+    of `count` when the page is read by a statement that cannot be counted as it is (one that
+    stops early)."""
     offset = (page - 1) * limit
     count_up_to = max(COUNT_LIMIT, offset + limit) + 1
     counted = db.session.scalar(
         select(func.count()).select_from(
-            statement.with_only_columns(literal(1), maintain_column_froms=True)
+            (count if count is not None else statement)
+            .with_only_columns(literal(1), maintain_column_froms=True)
             .order_by(None)
             .limit(count_up_to)
             .subquery()

@@ -192,3 +192,39 @@ def test_root_sends_people_to_the_api_reference(client):
     response = client.get("/")
     assert response.status_code == 302
     assert response.headers["Location"].endswith("/docs")
+
+
+def test_a_nul_character_in_a_body_is_a_validation_error_and_changes_nothing(
+    client, brand, write_key
+):
+    """PostgreSQL refuses NUL in text; the request says which part is wrong instead of a 500."""
+    response = client.post(
+        f"/api/v1/brand/{brand}/webhook/register-endpoint",
+        data='{"url": "https://hooks.example.invalid/x", "events": ["deal.\\u0000completed"]}',
+        headers={"X-Api-Key": write_key, "Content-Type": "application/json"},
+    )
+    body = assert_error(response, 400, "VALIDATION_ERROR")
+    assert list(body["errors"]) == ["body"]
+    listed = client.get(
+        f"/api/v1/brand/{brand}/webhook/fetch-endpoints", headers={"X-Api-Key": write_key}
+    )
+    assert assert_success(listed)["endpoints"] == []
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["webhook/deliveries/whd_%00x", "webhook/deliveries/whd_%00x/redeliver"],
+)
+def test_a_nul_character_in_a_path_id_is_not_found(client, brand, write_key, path):
+    method = client.post if path.endswith("redeliver") else client.get
+    response = method(f"/api/v1/brand/{brand}/{path}", headers={"X-Api-Key": write_key})
+    assert_error(response, 404, "NOT_FOUND")
+
+
+def test_a_nul_character_in_a_query_is_a_validation_error(client, brand, read_key):
+    response = client.get(
+        f"/api/v1/brand/{brand}/webhook/fetch-deliveries?endpointId=whe_%00",
+        headers={"X-Api-Key": read_key},
+    )
+    body = assert_error(response, 400, "VALIDATION_ERROR")
+    assert list(body["errors"]) == ["endpointId"]

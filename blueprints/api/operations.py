@@ -15,7 +15,7 @@ from werkzeug.exceptions import RequestEntityTooLarge
 from blueprints.envelope import success
 from extensions import db
 from schemas.envelope import PageMetaSchema
-from services.errors import ValidationFailed
+from services.errors import NotFound, ValidationFailed
 
 # Where errors about the body as a whole (not one field) are reported in `errors`.
 BODY = "body"
@@ -52,6 +52,7 @@ def operation(**declaration):
     def decorator(view):
         @functools.wraps(view)
         def operation_view(*args, **kwargs):
+            _refuse_nul_characters(kwargs)
             if body_schema is not None:
                 kwargs["body"] = _load(body_schema, _json_body())
             if query_schema is not None:
@@ -70,6 +71,29 @@ def operation(**declaration):
     return decorator
 
 
+def _refuse_nul_characters(path_values: dict) -> None:
+    """No record has a NUL in its id, and PostgreSQL refuses NUL in text: say so before a query
+    turns it into a server error."""
+    if any("\x00" in value for value in path_values.values() if isinstance(value, str)):
+        raise NotFound("No such record in this brand")
+    bad = sorted({name for name, value in request.args.items(multi=True) if "\x00" in value})
+    if bad:
+        raise ValidationFailed(
+            "Query parameters must not contain NUL characters",
+            {name: ["Must not contain NUL characters."] for name in bad},
+        )
+
+
+def _contains_nul(value) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_contains_nul(key) or _contains_nul(item) for key, item in value.items())
+    if isinstance(value, list):
+        return any(_contains_nul(item) for item in value)
+    return False
+
+
 def _json_body() -> dict:
     raw = request.get_data(cache=True)  # a declared length over the limit: 413 from werkzeug
     if request.content_length is None and len(raw) >= current_app.config["MAX_CONTENT_LENGTH"]:
@@ -86,6 +110,10 @@ def _json_body() -> dict:
     if not isinstance(payload, dict):
         raise ValidationFailed(
             "Request body must be a JSON object", {BODY: ["Must be a JSON object."]}
+        )
+    if _contains_nul(payload):
+        raise ValidationFailed(
+            "Request body must not contain NUL characters", {BODY: ["Contains \\u0000."]}
         )
     return payload
 
