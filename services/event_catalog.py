@@ -189,8 +189,8 @@ _TYPES = (
     ),
     _event(
         "deal.accepted",
-        "A creator accepted the brand's offer; escrow is held next.",
-        _deal_at("accepted", "offered"),
+        "A creator accepted the brand's offer; its escrow was held just before (escrow.held).",
+        _deal_at("accepted", "offered", held=_DEAL["agreedAmountMinor"]),
     ),
     _event(
         "deal.declined",

@@ -104,13 +104,14 @@ def offer_deal(
 
 
 def accept_deal(deal_id: str, *, now: datetime | None = None) -> Deal:
-    """The creator accepts: `deal.accepted`, then escrow for the agreed amount (`escrow.held`)."""
+    """The creator accepts: escrow is held for the agreed amount (`escrow.held`), then
+    `deal.accepted`, which shows the deal funded."""
     now = now or utcnow()
     _, deal = _lock(deal_id)
     previous = _set_status(deal, ACCEPTED, now)
     deal.accepted_at = now
-    _announce_status(deal, previous, now)
     hold_escrow(deal.id, now=now)
+    _announce_status(deal, previous, now)
     return deal
 
 

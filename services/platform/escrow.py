@@ -70,6 +70,7 @@ def release_escrow(hold_id: str, *, now: datetime | None = None) -> EscrowHold:
     now = now or utcnow()
     campaign, deal, hold = _lock_hold(hold_id)
     _release(campaign, deal, hold, now)
+    _record_spend(campaign, hold.amount_minor, now)
     return hold
 
 
@@ -107,6 +108,9 @@ def settle_deal_escrow(
             hold = rest
         refunded += hold.amount_minor
         _refund(campaign, deal, hold, now)
+    # Spend last, so that a threshold event shows the campaign as it is once settled.
+    if released:
+        _record_spend(campaign, released, now)
     return released, refunded
 
 
@@ -156,7 +160,6 @@ def _release(campaign: Campaign, deal: Deal, hold: EscrowHold, now: datetime) ->
     deal.updated_at = now
     campaign.committed_minor -= hold.amount_minor
     announce(brand_id=hold.brand_id, name="escrow.released", record=hold, now=now)
-    _record_spend(campaign, hold.amount_minor, now)
 
 
 def _refund(campaign: Campaign, deal: Deal, hold: EscrowHold, now: datetime) -> None:

@@ -13,11 +13,15 @@ from extensions import db
 from models import Campaign, Deal, Placement
 from models.campaign import FIXED_FEE
 from models.columns import new_id, utcnow
-from models.deal import ACCEPTED, IN_PROGRESS
+from models.deal import ACCEPTED, DISPUTED, IN_PROGRESS
 from models.placement import PLATFORMS, POST_URL_MAX_LENGTH
 from services.errors import Conflict, ValidationFailed
 from services.platform.deals import start_deal
 from services.platform.records import announce, locked, peek
+
+# A deal's settlement moves with its placements only while the work is open; once completed
+# or cancelled it is what was paid, and later clicks are statistics.
+SETTLING = (IN_PROGRESS, DISPUTED)
 
 
 def submit_placement(
@@ -71,6 +75,8 @@ def verify_placement(placement_id: str, *, now: datetime | None = None) -> Place
     campaign, deal, placement = _lock(placement_id)
     if placement.verified_at is not None:
         raise Conflict(f"Placement {placement.id} is already verified")
+    if deal.status not in SETTLING:
+        raise Conflict(f"Deal {deal.id} is {deal.status}; its placements no longer count")
     placement.verified_at = now
     _update_settlement(campaign, deal, now)
     announce(brand_id=campaign.brand_id, name="placement.verified", record=placement, now=now)
@@ -80,7 +86,8 @@ def verify_placement(placement_id: str, *, now: datetime | None = None) -> Place
 def update_placement_metrics(
     placement_id: str, *, clicks: int, now: datetime | None = None
 ) -> Placement:
-    """A new click count for a post: `placement.metrics_updated` with `previousClicks`.
+    """A new click count for a post: `placement.metrics_updated` with `previousClicks`; the
+    deal's settlement follows while the deal is open.
 
     :raise ValidationFailed: a negative count.
     """
@@ -91,7 +98,7 @@ def update_placement_metrics(
     previous = placement.clicks
     placement.clicks = clicks
     placement.metrics_updated_at = now
-    if placement.verified_at is not None:
+    if placement.verified_at is not None and deal.status in SETTLING:
         _update_settlement(campaign, deal, now)
     announce(
         brand_id=campaign.brand_id,
