@@ -6,13 +6,15 @@ checks the campaign's brand, so a placement of another brand's campaign is simpl
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import Select, select, union_all
 
 from extensions import db
 from models import Campaign, Placement
 from services.errors import NotFound
 from services.pagination import Page, paginate
 from services.records import newest_first
+
+MERGE_CAMPAIGNS_MAX = 50
 
 
 def _brand_placements(brand_id: str):
@@ -36,7 +38,53 @@ def list_placements(
         statement = statement.where(Placement.campaign_id == campaign_id)
     if deal_id is not None:
         statement = statement.where(Placement.deal_id == deal_id)
-    return paginate(newest_first(statement, Placement), page=page, limit=limit)
+    statement = newest_first(statement, Placement)
+    if campaign_id is None and deal_id is None:
+        merged = _newest_across_campaigns(brand_id, rows=page * limit)
+        if merged is not None:
+            return paginate(merged, page=page, limit=limit, count=statement)
+    return paginate(statement, page=page, limit=limit)
+
+
+def _newest_across_campaigns(brand_id: str, *, rows: int) -> Select | None:
+    """The brand's placements newest first, read as a merge of its campaigns' own newest lists
+    (at most `rows` from each); None where the plain join is the better plan.
+
+    With no brand id on a placement, the plain join finds "the brand's newest" by walking every
+    brand's placements newest first and keeping the brand's: quick for a brand with a big share
+    of recent posts, a walk through nearly the whole table for a small or quiet one (over 200 ms
+    at a million rows). A branch per campaign, each reading its campaign's index in order, lets
+    PostgreSQL merge them (Merge Append) and read little more than the page, whatever the
+    brand's share; the ids it picks are then joined to their rows. Each branch costs planning
+    and reading (200 campaigns took 43 ms where the walk took 8), so past MERGE_CAMPAIGNS_MAX
+    campaigns, a brand big enough for the walk anyway, the join is used. SQLite cannot order
+    the branches of a UNION, and its databases are small: it always walks.
+    """
+    if db.session.get_bind().dialect.name != "postgresql":
+        return None
+    campaign_ids = list(
+        db.session.scalars(
+            select(Campaign.id).where(Campaign.brand_id == brand_id).limit(MERGE_CAMPAIGNS_MAX + 1)
+        )
+    )
+    if not campaign_ids or len(campaign_ids) > MERGE_CAMPAIGNS_MAX:
+        return None
+    newest = union_all(
+        *(
+            newest_first(
+                select(Placement.id, Placement.created_at).where(
+                    Placement.campaign_id == campaign_id
+                ),
+                Placement,
+            ).limit(rows)
+            for campaign_id in campaign_ids
+        )
+    ).subquery("newest")
+    return (
+        select(Placement)
+        .join(newest, newest.c.id == Placement.id)
+        .order_by(newest.c.created_at.desc(), newest.c.id.desc())
+    )
 
 
 def get_placement(brand_id: str, placement_id: str) -> Placement:
