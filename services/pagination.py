@@ -11,6 +11,7 @@ GitLab shows "10,000+". `hasNext` is always exact.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,22 +44,35 @@ class Page:
         return not self.total_exact or self.page * self.limit < self.total
 
 
-def paginate(statement: Select, *, page: int, limit: int, count: Select | None = None) -> Page:
-    """Run `statement` (already ordered) for one page, and count its rows (see above), or those
-    of `count` when the page is read by a statement that cannot be counted as it is (one that
-    stops early)."""
+def paginate(
+    statement: Select | Callable[[int, int], Select],
+    *,
+    page: int,
+    limit: int,
+    count: Select | None = None,
+) -> Page:
+    """Run `statement` (already ordered) for one page, and count its rows (see above).
+
+    A list that must place its own OFFSET and LIMIT (inside a subquery, say) passes instead a
+    function of (offset, limit) returning the page's statement, and as `count` the statement
+    whose rows are counted.
+    """
     offset = (page - 1) * limit
     count_up_to = max(COUNT_LIMIT, offset + limit) + 1
+    counted_statement = count if count is not None else statement
     counted = db.session.scalar(
         select(func.count()).select_from(
-            (count if count is not None else statement)
-            .with_only_columns(literal(1), maintain_column_froms=True)
+            counted_statement.with_only_columns(literal(1), maintain_column_froms=True)
             .order_by(None)
             .limit(count_up_to)
             .subquery()
         )
     )
-    items = list(db.session.scalars(statement.limit(limit).offset(offset))) if counted else []
+    if callable(statement):
+        page_statement = statement(offset, limit)
+    else:
+        page_statement = statement.limit(limit).offset(offset)
+    items = list(db.session.scalars(page_statement)) if counted else []
     exact = counted < count_up_to
     # Above the bound, one more row than the bound is known to exist: say so with `hasNext`
     # while the total stays the honest lower bound.

@@ -6,6 +6,8 @@ checks the campaign's brand, so a placement of another brand's campaign is simpl
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from sqlalchemy import Select, select, union_all
 
 from extensions import db
@@ -40,25 +42,27 @@ def list_placements(
         statement = statement.where(Placement.deal_id == deal_id)
     statement = newest_first(statement, Placement)
     if campaign_id is None and deal_id is None:
-        merged = _newest_across_campaigns(brand_id, rows=page * limit)
-        if merged is not None:
-            return paginate(merged, page=page, limit=limit, count=statement)
+        merged_page = _newest_across_campaigns(brand_id)
+        if merged_page is not None:
+            return paginate(merged_page, page=page, limit=limit, count=statement)
     return paginate(statement, page=page, limit=limit)
 
 
-def _newest_across_campaigns(brand_id: str, *, rows: int) -> Select | None:
-    """The brand's placements newest first, read as a merge of its campaigns' own newest lists
-    (at most `rows` from each); None where the plain join is the better plan.
+def _newest_across_campaigns(brand_id: str) -> Callable[[int, int], Select] | None:
+    """The brand's placements newest first, read as a merge of its campaigns' own newest lists:
+    a function of (offset, limit) giving one page's statement; None where the plain join is the
+    better plan.
 
     With no brand id on a placement, the plain join finds "the brand's newest" by walking every
     brand's placements newest first and keeping the brand's: quick for a brand with a big share
     of recent posts, a walk through nearly the whole table for a small or quiet one (over 200 ms
-    at a million rows). A branch per campaign, each reading its campaign's index in order, lets
-    PostgreSQL merge them (Merge Append) and read little more than the page, whatever the
-    brand's share; the ids it picks are then joined to their rows. Each branch costs planning
-    and reading (200 campaigns took 43 ms where the walk took 8), so past MERGE_CAMPAIGNS_MAX
-    campaigns, a brand big enough for the walk anyway, the join is used. SQLite cannot order
-    the branches of a UNION, and its databases are small: it always walks.
+    at a million rows). A branch per campaign, each reading at most offset + limit entries of
+    its campaign's index in order, lets PostgreSQL merge them (Merge Append) and read little
+    more than the page, whatever the brand's share; only the page's ids are then joined to their
+    rows. Each branch costs planning and reading (200 campaigns took 43 ms where the walk took
+    8), so past MERGE_CAMPAIGNS_MAX campaigns, a brand big enough for the walk anyway, the join
+    is used. SQLite cannot order the branches of a UNION, and its databases are small: it
+    always walks.
     """
     if db.session.get_bind().dialect.name != "postgresql":
         return None
@@ -69,22 +73,33 @@ def _newest_across_campaigns(brand_id: str, *, rows: int) -> Select | None:
     )
     if not campaign_ids or len(campaign_ids) > MERGE_CAMPAIGNS_MAX:
         return None
-    newest = union_all(
-        *(
-            newest_first(
-                select(Placement.id, Placement.created_at).where(
-                    Placement.campaign_id == campaign_id
-                ),
-                Placement,
-            ).limit(rows)
-            for campaign_id in campaign_ids
+
+    def page_of(offset: int, limit: int) -> Select:
+        newest = union_all(
+            *(
+                newest_first(
+                    select(Placement.id, Placement.created_at).where(
+                        Placement.campaign_id == campaign_id
+                    ),
+                    Placement,
+                ).limit(offset + limit)
+                for campaign_id in campaign_ids
+            )
+        ).subquery("newest")
+        page_ids = (
+            select(newest.c.id, newest.c.created_at)
+            .order_by(newest.c.created_at.desc(), newest.c.id.desc())
+            .limit(limit)
+            .offset(offset)
+            .subquery("page_ids")
         )
-    ).subquery("newest")
-    return (
-        select(Placement)
-        .join(newest, newest.c.id == Placement.id)
-        .order_by(newest.c.created_at.desc(), newest.c.id.desc())
-    )
+        return (
+            select(Placement)
+            .join(page_ids, page_ids.c.id == Placement.id)
+            .order_by(page_ids.c.created_at.desc(), page_ids.c.id.desc())
+        )
+
+    return page_of
 
 
 def get_placement(brand_id: str, placement_id: str) -> Placement:
