@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -25,7 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("BRAND_TEST_BACKENDS", "services")
 
-ROUNDS = 25
+from bench.common import median_ms, migrated_app_on_postgresql  # noqa: E402
+
 ROWS = 1_000_000
 CASES = {
     "newest first": "",
@@ -76,41 +75,13 @@ CEILING_PAGE_SQL = (
 )
 
 
-def median_ms(run) -> float:
-    run()  # warm
-    samples = []
-    for _ in range(ROUNDS):
-        started = time.perf_counter()
-        run()
-        samples.append((time.perf_counter() - started) * 1000)
-    return round(statistics.median(samples), 2)
-
-
 def main() -> None:
     import psycopg
-    from flask_migrate import upgrade
 
-    from app import create_app
     from extensions import db
     from services.api_keys import create_api_key
-    from tests.backends import open_backends
 
-    backends = open_backends(Path(tempfile.mkdtemp(prefix="bench-log-")))
-    if backends.database_kind != "postgresql":
-        raise SystemExit("this benchmark needs PostgreSQL on 127.0.0.1:5432")
-    try:
-        app = create_app(
-            {
-                "APP_ENV": "test",
-                "DATABASE_URL": backends.database_url,
-                "REDIS_URL": backends.redis_url,
-                "SECRET_KEY": "bench",
-                "ENCRYPTION_KEY": "YmVuY2gtZW5jcnlwdGlvbi1rZXktMzItYnl0ZXMhISE=",
-            }
-        )
-        dsn = backends.database_url.replace("postgresql+psycopg://", "postgresql://")
-        with app.app_context():
-            upgrade()
+    with migrated_app_on_postgresql("bench-log-") as (app, dsn):
         with psycopg.connect(dsn, autocommit=True) as connection:
             started = time.perf_counter()
             for statement in SEED_SQL:
@@ -149,8 +120,6 @@ def main() -> None:
                 }
             )
         )
-    finally:
-        backends.close()
 
 
 if __name__ == "__main__":
