@@ -70,4 +70,7 @@ def money(description: str, **options) -> fields.Integer:
 
 
 def currency_field() -> fields.String:
-    return fields.String(validate=validate.OneOf(CURRENCIES), metadata={"example": "NGN"})
+    return fields.String(
+        validate=validate.OneOf(CURRENCIES),
+        metadata={"description": "ISO 4217 code of every amount in this record.", "example": "NGN"},
+    )

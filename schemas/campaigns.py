@@ -12,8 +12,10 @@ CAMPAIGN_ID_EXAMPLE = "cmp_01jd3k9m2x4q8r7t6v5w4y3z2a"
 
 
 class CampaignSchema(ApiSchema):
-    id = fields.String(metadata={"example": CAMPAIGN_ID_EXAMPLE})
-    name = fields.String(metadata={"example": "Harmattan Glow launch"})
+    id = fields.String(metadata={"description": "Campaign id.", "example": CAMPAIGN_ID_EXAMPLE})
+    name = fields.String(
+        metadata={"description": "The brand's name for it.", "example": "Harmattan Glow launch"}
+    )
     status = fields.String(
         validate=validate.OneOf(CAMPAIGN_STATUSES),
         metadata={
@@ -41,18 +43,27 @@ class CampaignSchema(ApiSchema):
     )
     committed_minor = money("Held in escrow for accepted deals, not yet released or refunded.")
     remaining_minor = money("Budget less spent and committed; negative when over budget.")
-    starts_at = Timestamp()
-    ends_at = Timestamp()
-    published_at = Timestamp(allow_none=True)
-    completed_at = Timestamp(allow_none=True)
-    cancelled_at = Timestamp(allow_none=True)
-    created_at = Timestamp()
-    updated_at = Timestamp()
+    starts_at = Timestamp(metadata={"description": "When creators may start posting."})
+    ends_at = Timestamp(metadata={"description": "When the campaign is planned to end."})
+    published_at = Timestamp(
+        allow_none=True, metadata={"description": "When it went live; null while a draft."}
+    )
+    completed_at = Timestamp(allow_none=True, metadata={"description": "When it completed."})
+    cancelled_at = Timestamp(allow_none=True, metadata={"description": "When it was cancelled."})
+    created_at = Timestamp(metadata={"description": "When the brand created it."})
+    updated_at = Timestamp(metadata={"description": "Its last change of any field."})
 
 
 class CampaignListSchema(ApiSchema):
-    campaigns = fields.List(fields.Nested(CampaignSchema), attribute="items")
+    campaigns = fields.List(
+        fields.Nested(CampaignSchema),
+        attribute="items",
+        metadata={"description": "One page, newest first."},
+    )
 
 
 class CampaignQuerySchema(PageQuerySchema):
-    status = fields.String(validate=validate.OneOf(CAMPAIGN_STATUSES))
+    status = fields.String(
+        validate=validate.OneOf(CAMPAIGN_STATUSES),
+        metadata={"description": "Only campaigns in this status."},
+    )

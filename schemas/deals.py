@@ -36,9 +36,13 @@ class SettlementSchema(ApiSchema):
 
 
 class DealSchema(ApiSchema):
-    id = fields.String(metadata={"example": DEAL_ID_EXAMPLE})
-    campaign_id = fields.String(metadata={"example": CAMPAIGN_ID_EXAMPLE})
-    creator_handle = fields.String(metadata={"example": "@adaeze.cooks"})
+    id = fields.String(metadata={"description": "Deal id.", "example": DEAL_ID_EXAMPLE})
+    campaign_id = fields.String(
+        metadata={"description": "The campaign it belongs to.", "example": CAMPAIGN_ID_EXAMPLE}
+    )
+    creator_handle = fields.String(
+        metadata={"description": "The creator's public handle.", "example": "@adaeze.cooks"}
+    )
     status = fields.String(
         validate=validate.OneOf(DEAL_STATUSES),
         metadata={
@@ -49,18 +53,31 @@ class DealSchema(ApiSchema):
     )
     agreed_amount_minor = money("What the creator earns when every placement is delivered.")
     currency = currency_field()
-    escrow = fields.Nested(EscrowSnapshotSchema)
-    settlement = fields.Nested(SettlementSchema)
-    accepted_at = Timestamp(allow_none=True)
-    completed_at = Timestamp(allow_none=True)
+    escrow = fields.Nested(
+        EscrowSnapshotSchema, metadata={"description": "This deal's escrow holds, summed."}
+    )
+    settlement = fields.Nested(
+        SettlementSchema, metadata={"description": "What the creator has earned and been paid."}
+    )
+    accepted_at = Timestamp(
+        allow_none=True, metadata={"description": "When the creator accepted the offer."}
+    )
+    completed_at = Timestamp(allow_none=True, metadata={"description": "When it completed."})
     created_at = Timestamp(metadata={"description": "When the offer was made."})
-    updated_at = Timestamp()
+    updated_at = Timestamp(metadata={"description": "Its last change, escrow included."})
 
 
 class DealListSchema(ApiSchema):
-    deals = fields.List(fields.Nested(DealSchema), attribute="items")
+    deals = fields.List(
+        fields.Nested(DealSchema),
+        attribute="items",
+        metadata={"description": "One page, newest first."},
+    )
 
 
 class DealQuerySchema(PageQuerySchema):
-    status = fields.String(validate=validate.OneOf(DEAL_STATUSES))
+    status = fields.String(
+        validate=validate.OneOf(DEAL_STATUSES),
+        metadata={"description": "Only deals in this status."},
+    )
     campaign_id = ResourceId("cmp", "campaign")

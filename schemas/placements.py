@@ -12,10 +12,21 @@ from schemas.envelope import PageQuerySchema
 
 
 class PlacementSchema(ApiSchema):
-    id = fields.String(metadata={"example": "plc_01jd3kf5h7j9k1m3n5p7q9r1s3"})
-    campaign_id = fields.String(metadata={"example": CAMPAIGN_ID_EXAMPLE})
-    deal_id = fields.String(metadata={"example": DEAL_ID_EXAMPLE})
-    platform = fields.String(validate=validate.OneOf(PLATFORMS))
+    id = fields.String(
+        metadata={"description": "Placement id.", "example": "plc_01jd3kf5h7j9k1m3n5p7q9r1s3"}
+    )
+    campaign_id = fields.String(
+        metadata={
+            "description": "Its campaign, through which it belongs to the brand.",
+            "example": CAMPAIGN_ID_EXAMPLE,
+        }
+    )
+    deal_id = fields.String(
+        metadata={"description": "The deal it delivers.", "example": DEAL_ID_EXAMPLE}
+    )
+    platform = fields.String(
+        validate=validate.OneOf(PLATFORMS), metadata={"description": "Where it is posted."}
+    )
     post_url = fields.String(
         metadata={
             "description": "The live post.",
@@ -36,7 +47,11 @@ class PlacementSchema(ApiSchema):
 
 
 class PlacementListSchema(ApiSchema):
-    placements = fields.List(fields.Nested(PlacementSchema), attribute="items")
+    placements = fields.List(
+        fields.Nested(PlacementSchema),
+        attribute="items",
+        metadata={"description": "One page, newest first."},
+    )
 
 
 class PlacementQuerySchema(PageQuerySchema):

@@ -10,8 +10,8 @@ from services.api_keys import SCOPES
 
 
 class PeriodSchema(ApiSchema):
-    start = Timestamp()
-    end = Timestamp()
+    start = Timestamp(metadata={"description": "When the period began."})
+    end = Timestamp(metadata={"description": "When it ends (and renews)."})
 
 
 class CallerSchema(ApiSchema):
@@ -21,13 +21,21 @@ class CallerSchema(ApiSchema):
             "example": "key_01jd3k9m2x4q8r7t6v5w4y3z2a",
         }
     )
-    scopes = fields.List(fields.String(validate=validate.OneOf(SCOPES)))
+    scopes = fields.List(
+        fields.String(validate=validate.OneOf(SCOPES)),
+        metadata={"description": "What that key may do: `read`, and `write` (which implies it)."},
+    )
 
 
 class WorkspaceSchema(ApiSchema):
-    brand_id = fields.String(metadata={"example": "brd_01jd3k7a9b1c3d5e7f9g1h3j5k"})
-    name = fields.String()
-    plan = fields.String(validate=validate.OneOf(PLANS))
+    brand_id = fields.String(
+        metadata={"description": "The brand's id.", "example": "brd_01jd3k7a9b1c3d5e7f9g1h3j5k"}
+    )
+    name = fields.String(metadata={"description": "The brand's name."})
+    plan = fields.String(
+        validate=validate.OneOf(PLANS),
+        metadata={"description": "Billing plan; scopes, not the plan, decide what a key may do."},
+    )
     kyb_status = fields.String(
         validate=validate.OneOf(KYB_STATUSES),
         metadata={"description": "Know-your-business verification of the brand."},
@@ -35,5 +43,7 @@ class WorkspaceSchema(ApiSchema):
     subscription_period = fields.Nested(
         PeriodSchema, metadata={"description": "The current billing period."}
     )
-    caller = fields.Nested(CallerSchema)
-    created_at = Timestamp()
+    caller = fields.Nested(
+        CallerSchema, metadata={"description": "The API key that made this request."}
+    )
+    created_at = Timestamp(metadata={"description": "When the workspace was created."})
