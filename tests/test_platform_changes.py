@@ -24,7 +24,7 @@ from schemas.campaigns import CampaignSchema
 from schemas.deals import DealSchema
 from schemas.escrow_holds import EscrowHoldSchema
 from schemas.placements import PlacementSchema
-from services.errors import Conflict, ValidationFailed
+from services.errors import Conflict, NotFound, ValidationFailed
 from services.event_catalog import EVENT_NAMES, sample_data
 from services.platform.campaigns import (
     cancel_campaign,
@@ -1259,3 +1259,52 @@ def test_demo_simulate_events_reach_a_subscribed_endpoint_signed(
         assert request.json["brandId"] == brand_id
         assert request.body.decode() == stored[event["id"]]
     assert len({r.headers["X-Service-Delivery"] for r in received}) == len(expected)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tracked links
+
+
+def test_link_creation_and_clicks_are_counted_silently(platform, reader):
+    from services.platform.tracked_links import create_tracked_link, record_link_clicks
+
+    campaign_id = platform.campaign(currency="USD")
+    deal_id = platform.accepted(campaign_id)
+    before = len(platform.events())
+    link_id = platform.do(
+        create_tracked_link,
+        campaign_id=campaign_id,
+        deal_id=deal_id,
+        code="GLOW-ADAEZE",
+        short_url="https://kola.link/GLOW-ADAEZE",
+        destination_url="https://kolanaturals.example/glow",
+    ).id
+    platform.do(record_link_clicks, link_id, clicks=40)
+    platform.do(record_link_clicks, link_id, clicks=2)
+
+    link = reader.get(f"tracked-link/{link_id}")
+    assert (link["code"], link["dealId"], link["currency"]) == ("GLOW-ADAEZE", deal_id, "USD")
+    assert (link["clicks"], link["conversions"], link["conversionValueMinor"]) == (42, 0, 0)
+    assert link["lastClickedAt"] is not None
+    assert len(platform.events()) == before  # SPEC 6 has no link events
+
+    with pytest.raises(Conflict):  # codes are global: they are short URL paths
+        platform.do(
+            create_tracked_link,
+            campaign_id=campaign_id,
+            code="GLOW-ADAEZE",
+            short_url="https://kola.link/GLOW-ADAEZE",
+            destination_url="https://kolanaturals.example/glow",
+        )
+    with pytest.raises(NotFound):
+        platform.do(record_link_clicks, "lnk_missing", clicks=1)
+    with pytest.raises(ValidationFailed):
+        platform.do(record_link_clicks, link_id, clicks=0)
+    with pytest.raises(ValidationFailed):
+        platform.do(
+            create_tracked_link,
+            campaign_id=campaign_id,
+            code="no spaces",
+            short_url="https://kola.link/x",
+            destination_url="https://kolanaturals.example/glow",
+        )

@@ -13,7 +13,7 @@ from extensions import db
 from models import Campaign, Deal, TrackedLink
 from models.columns import new_id, utcnow
 from models.tracked_link import CODE_MAX_LENGTH
-from services.errors import Conflict, ValidationFailed
+from services.errors import Conflict, NotFound, ValidationFailed
 from services.platform.records import peek
 
 CODE_PATTERN = re.compile(rf"^[A-Za-z0-9_-]{{3,{CODE_MAX_LENGTH}}}$")
@@ -61,12 +61,17 @@ def create_tracked_link(
 
 
 def record_link_clicks(link_id: str, *, clicks: int, now: datetime | None = None) -> None:
-    """Add `clicks` to the link's count, atomically (clicks arrive from many places at once)."""
+    """Add `clicks` to the link's count, atomically (clicks arrive from many places at once).
+
+    :raise NotFound: no such link.
+    """
     if clicks < 1:
         raise ValidationFailed("Invalid clicks", {"clicks": ["Must be at least 1."]})
     now = now or utcnow()
-    db.session.execute(
+    counted = db.session.execute(
         update(TrackedLink)
         .where(TrackedLink.id == link_id)
         .values(clicks=TrackedLink.clicks + clicks, last_clicked_at=now)
     )
+    if counted.rowcount == 0:
+        raise NotFound(f"No TrackedLink with id {link_id!r}")
