@@ -30,7 +30,7 @@ from schemas.base import iso_timestamp
 from services.errors import Conflict, ValidationFailed
 from services.events import publish_event
 from services.platform.escrow import hold_escrow, settle_deal_escrow
-from services.platform.records import announce, locked, peek
+from services.platform.records import announce, lock_deal, locked
 
 # The statuses a deal may move to, from which.
 _ALLOWED_FROM = {
@@ -107,7 +107,7 @@ def accept_deal(deal_id: str, *, now: datetime | None = None) -> Deal:
     """The creator accepts: escrow is held for the agreed amount (`escrow.held`), then
     `deal.accepted`, which shows the deal funded."""
     now = now or utcnow()
-    _, deal = _lock(deal_id)
+    _, deal = lock_deal(deal_id)
     previous = _set_status(deal, ACCEPTED, now)
     deal.accepted_at = now
     hold_escrow(deal.id, now=now)
@@ -139,7 +139,7 @@ def complete_deal(deal_id: str, *, now: datetime | None = None) -> Deal:
     :raise Conflict: not in progress, or no placement is verified yet.
     """
     now = now or utcnow()
-    campaign, deal = _lock(deal_id)
+    campaign, deal = lock_deal(deal_id)
     if deal.status == IN_PROGRESS and deal.verified_placements == 0:
         raise Conflict(f"Deal {deal.id} has no verified placement to settle")
     previous = _set_status(deal, COMPLETED, now)
@@ -152,7 +152,7 @@ def complete_deal(deal_id: str, *, now: datetime | None = None) -> Deal:
 def cancel_deal(deal_id: str, *, now: datetime | None = None) -> Deal:
     """Called off: its held escrow is refunded, then `deal.cancelled`."""
     now = now or utcnow()
-    campaign, deal = _lock(deal_id)
+    campaign, deal = lock_deal(deal_id)
     _cancel(campaign, deal, now)
     return deal
 
@@ -170,7 +170,7 @@ def resolve_dispute(deal_id: str, *, outcome: str, now: datetime | None = None) 
             "Invalid outcome", {"outcome": [f"Must be one of: {', '.join(DISPUTE_OUTCOMES)}."]}
         )
     now = now or utcnow()
-    campaign, deal = _lock(deal_id)
+    campaign, deal = lock_deal(deal_id)
     if deal.status != DISPUTED:
         raise Conflict(f"Deal {deal.id} is {deal.status}, not disputed")
     held = deal.escrow_held_minor
@@ -220,15 +220,10 @@ def _cancel(campaign: Campaign, deal: Deal, now: datetime) -> None:
 
 
 def _simple_move(deal_id: str, to: str, now: datetime) -> Deal:
-    _, deal = _lock(deal_id)
+    _, deal = lock_deal(deal_id)
     previous = _set_status(deal, to, now)
     _announce_status(deal, previous, now)
     return deal
-
-
-def _lock(deal_id: str) -> tuple[Campaign, Deal]:
-    campaign = locked(Campaign, peek(Deal, deal_id).campaign_id)
-    return campaign, locked(Deal, deal_id)
 
 
 def _set_status(deal: Deal, to: str, now: datetime) -> str:

@@ -18,7 +18,7 @@ from models.columns import new_id, utcnow
 from models.deal import ACCEPTED, IN_PROGRESS
 from models.escrow_hold import HELD, REFUNDED, RELEASED
 from services.errors import Conflict, ValidationFailed
-from services.platform.records import announce, locked, peek
+from services.platform.records import announce, lock_deal, locked, peek
 
 BUDGET_THRESHOLDS = (50, 80, 100)
 
@@ -33,8 +33,7 @@ def hold_escrow(
     :raise ValidationFailed: a non-positive amount.
     """
     now = now or utcnow()
-    campaign = locked(Campaign, peek(Deal, deal_id).campaign_id)
-    deal = locked(Deal, deal_id)
+    campaign, deal = lock_deal(deal_id)
     if deal.status not in (ACCEPTED, IN_PROGRESS):
         raise Conflict(f"Deal {deal.id} is {deal.status}; escrow is held for accepted deals")
     if amount_minor is None:
@@ -115,9 +114,7 @@ def settle_deal_escrow(
 
 
 def _lock_hold(hold_id: str) -> tuple[Campaign, Deal, EscrowHold]:
-    hold = peek(EscrowHold, hold_id)
-    campaign = locked(Campaign, hold.campaign_id)
-    deal = locked(Deal, hold.deal_id)
+    campaign, deal = lock_deal(peek(EscrowHold, hold_id).deal_id)
     hold = locked(EscrowHold, hold_id)
     if hold.status != HELD:
         raise Conflict(f"Escrow hold {hold.id} is already {hold.status}")

@@ -17,7 +17,7 @@ from models.deal import ACCEPTED, DISPUTED, IN_PROGRESS
 from models.placement import PLATFORMS, POST_URL_MAX_LENGTH
 from services.errors import Conflict, ValidationFailed
 from services.platform.deals import start_deal
-from services.platform.records import announce, locked, peek
+from services.platform.records import announce, lock_deal, locked, peek
 
 # A deal's settlement moves with its placements only while the work is open; once completed
 # or cancelled it is what was paid, and later clicks are statistics.
@@ -47,8 +47,7 @@ def submit_placement(
     deal = peek(Deal, deal_id)
     if deal.status == ACCEPTED:
         start_deal(deal.id, now=now)
-    locked(Campaign, deal.campaign_id)
-    deal = locked(Deal, deal_id)
+    _, deal = lock_deal(deal_id)
     if deal.status != IN_PROGRESS:
         raise Conflict(f"Deal {deal.id} is {deal.status}; it takes no placements")
     placement = Placement(
@@ -111,9 +110,7 @@ def update_placement_metrics(
 
 
 def _lock(placement_id: str) -> tuple[Campaign, Deal, Placement]:
-    known = peek(Placement, placement_id)
-    campaign = locked(Campaign, known.campaign_id)
-    deal = locked(Deal, known.deal_id)
+    campaign, deal = lock_deal(peek(Placement, placement_id).deal_id)
     return campaign, deal, locked(Placement, placement_id)
 
 

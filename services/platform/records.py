@@ -55,6 +55,15 @@ def peek(model: type[Record], record_id: str) -> Record:
     return record
 
 
+def lock_deal(deal_id: str) -> tuple[Campaign, Deal]:
+    """The deal and its campaign, locked in the package's order (campaign first).
+
+    :raise NotFound: no such deal.
+    """
+    campaign = locked(Campaign, peek(Deal, deal_id).campaign_id)
+    return campaign, locked(Deal, deal_id)
+
+
 def announce(*, brand_id: str, name: str, record, now: datetime, **changes) -> PublishedEvent:
     """Publish `name` about `record`, plus what changed (`previous_status=...`)."""
     data = _SHAPES[type(record)].dump(record)
