@@ -1493,3 +1493,55 @@ def test_demo_deals_agree_with_their_holds_placements_and_campaigns(client, demo
         spent = sum(hold["amountMinor"] for hold in holds if hold["status"] == "released")
         assert (campaign["committedMinor"], campaign["spentMinor"]) == (committed, spent)
         assert campaign["remainingMinor"] == campaign["budgetMinor"] - spent - committed
+
+
+def test_placements_read_the_same_whether_merged_per_campaign_or_walked(
+    app, client, brand, read_key, factory, other_brand, monkeypatch
+):
+    """On PostgreSQL a brand with few campaigns has its placements merged campaign by campaign;
+    one with many is walked through the join. Both must give the same pages: interleaved
+    campaigns, ties broken by id, another brand's rows in between, deep pages."""
+    import services.placements
+    from extensions import db
+
+    expected_ids = []
+    for index in range(3):
+        campaign = factory.campaign(brand, at=t(index), published_at=t(index))
+        deal = factory.deal(campaign, at=t(5), accepted_at=t(6), placements_required=9)
+        for minute in (10, 10, 20 + index, 30 + 2 * index):
+            expected_ids.append(
+                (
+                    t(minute),
+                    factory.placement(deal, at=t(minute), post_url=f"https://x.com/p/{minute}"),
+                )
+            )
+    theirs = factory.campaign(other_brand, at=t(0), published_at=t(0))
+    their_deal = factory.deal(theirs, at=t(5), accepted_at=t(6), placements_required=9)
+    factory.placement(their_deal, at=t(21))
+    newest_first = [pid for _, pid in sorted(expected_ids, reverse=True)]
+
+    def pages(limit: int) -> list[str]:
+        seen, page = [], 1
+        while True:
+            response = call(
+                client, brand, "/placement/fetch-placements", read_key, page=page, limit=limit
+            )
+            data = assert_success(response)["placements"]
+            seen += [item["id"] for item in data]
+            if not response.get_json()["meta"]["hasNext"]:
+                return seen
+            page += 1
+
+    def merged() -> bool:
+        with app.app_context():
+            return services.placements._newest_across_campaigns(brand) is not None
+
+    with app.app_context():
+        on_postgresql = db.engine.dialect.name == "postgresql"
+    assert merged() == on_postgresql
+    for limit in (1, 5, 100):
+        assert pages(limit) == newest_first, limit
+    monkeypatch.setattr(services.placements, "MERGE_CAMPAIGNS_MAX", 2)  # 3 campaigns: walk
+    assert not merged()
+    for limit in (1, 5, 100):
+        assert pages(limit) == newest_first, limit
