@@ -261,10 +261,9 @@ def _play_campaign(
         return
     publish_campaign(campaign.id, now=opened)
     _link(campaign.id, None, f"{plan.code}-{suffix}", plan.landing, opened, now, rng)
-    clock = opened
     for index, deal_plan in enumerate(plan.deals):
-        clock = opened + timedelta(hours=7 + 19 * index)
-        _play_deal(campaign.id, plan, deal_plan, clock, now, suffix, rng)
+        offered = opened + timedelta(hours=7 + 19 * index)
+        _play_deal(campaign.id, plan, deal_plan, offered, now, suffix, rng)
     ended = min(opened + timedelta(days=plan.length_days), now - timedelta(hours=6))
     if plan.ends == "paused":
         pause_campaign(campaign.id, now=now - timedelta(days=3))

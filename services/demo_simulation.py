@@ -91,6 +91,16 @@ def _oldest_deal(brand_id: str, *conditions) -> Deal | None:
     ).first()
 
 
+def _first_placement(brand_id: str, *conditions, order_by) -> Placement | None:
+    return db.session.scalars(
+        select(Placement)
+        .join(Deal, Deal.id == Placement.deal_id)
+        .where(Deal.brand_id == brand_id, *conditions)
+        .order_by(order_by, Placement.id)
+        .limit(1)
+    ).first()
+
+
 def _complete_finished_deal(brand_id: str, now: datetime, rng) -> str | None:
     deal = _oldest_deal(
         brand_id,
@@ -104,17 +114,12 @@ def _complete_finished_deal(brand_id: str, now: datetime, rng) -> str | None:
 
 
 def _verify_placement(brand_id: str, now: datetime, rng) -> str | None:
-    placement = db.session.scalars(
-        select(Placement)
-        .join(Deal, Deal.id == Placement.deal_id)
-        .where(
-            Deal.brand_id == brand_id,
-            Deal.status == IN_PROGRESS,
-            Placement.verified_at.is_(None),
-        )
-        .order_by(Placement.created_at, Placement.id)
-        .limit(1)
-    ).first()
+    placement = _first_placement(
+        brand_id,
+        Deal.status == IN_PROGRESS,
+        Placement.verified_at.is_(None),
+        order_by=Placement.created_at,
+    )
     if placement is None:
         return None
     verify_placement(placement.id, now=now)
@@ -158,13 +163,9 @@ def _submit_missing_placement(brand_id: str, now: datetime, rng) -> str | None:
 
 
 def _measure_clicks(brand_id: str, now: datetime, rng) -> str | None:
-    placement = db.session.scalars(
-        select(Placement)
-        .join(Deal, Deal.id == Placement.deal_id)
-        .where(Deal.brand_id == brand_id, Placement.verified_at.is_not(None))
-        .order_by(Placement.metrics_updated_at, Placement.id)
-        .limit(1)
-    ).first()
+    placement = _first_placement(
+        brand_id, Placement.verified_at.is_not(None), order_by=Placement.metrics_updated_at
+    )
     if placement is None:
         return None
     added = rng.randint(20, 400)

@@ -1,5 +1,5 @@
-"""Campaign changes: created, published, paused, completed, cancelled, and spend against the
-budget (which announces `campaign.budget_threshold`)."""
+"""Campaign changes: created, published, paused, resumed, completed, cancelled. (Spend, and
+`campaign.budget_threshold`, move with escrow releases: services/platform/escrow.py.)"""
 
 from __future__ import annotations
 

@@ -83,34 +83,29 @@ def refund_escrow(hold_id: str, *, now: datetime | None = None) -> EscrowHold:
 
 def settle_deal_escrow(
     campaign: Campaign, deal: Deal, *, release_minor: int, now: datetime
-) -> tuple[int, int]:
+) -> None:
     """Release `release_minor` of a deal's held escrow, oldest hold first, and refund the rest.
-    The caller holds the campaign's and the deal's locks. (released, refunded) in minor units.
+    The caller holds the campaign's and the deal's locks.
 
     A hold released only in part is split: the released part keeps its id and the rest becomes
     a new hold, with the same `heldAt`, that is refunded, so that every hold ends wholly
     released or wholly refunded.
     """
     to_release = max(release_minor, 0)
-    released = refunded = 0
+    released = 0
     for hold in _held_holds(deal.id):
+        rest = _split(hold, keep_minor=to_release) if 0 < to_release < hold.amount_minor else None
         if to_release >= hold.amount_minor:
             to_release -= hold.amount_minor
             released += hold.amount_minor
             _release(campaign, deal, hold, now)
-            continue
-        if to_release > 0:
-            rest = _split(hold, keep_minor=to_release)
-            released += hold.amount_minor
-            to_release = 0
-            _release(campaign, deal, hold, now)
-            hold = rest
-        refunded += hold.amount_minor
-        _refund(campaign, deal, hold, now)
+        else:
+            _refund(campaign, deal, hold, now)
+        if rest is not None:
+            _refund(campaign, deal, rest, now)
     # Spend last, so that a threshold event shows the campaign as it is once settled.
     if released:
         _record_spend(campaign, released, now)
-    return released, refunded
 
 
 def _lock_hold(hold_id: str) -> tuple[Campaign, Deal, EscrowHold]:
