@@ -39,6 +39,7 @@ class Settings:
     webhook_disable_window: int
     webhook_timeout: float
     webhook_sweep_interval: float
+    postback_in_flight_window: int
 
     @property
     def is_production(self) -> bool:
@@ -65,6 +66,9 @@ class Settings:
             webhook_disable_window=_int(environ, "WEBHOOK_DISABLE_WINDOW", 259200, minimum=0),
             webhook_timeout=_float(environ, "WEBHOOK_TIMEOUT", 10.0),
             webhook_sweep_interval=_float(environ, "WEBHOOK_SWEEP_INTERVAL", 10.0),
+            postback_in_flight_window=_int(
+                environ, "POSTBACK_IN_FLIGHT_WINDOW", 120, minimum=1, maximum=3600
+            ),
         )
 
 

@@ -10,6 +10,7 @@ import click
 from flask.cli import AppGroup
 
 from commands import command_transaction
+from services.brands import get_brand
 from services.event_catalog import EVENT_NAMES, is_event_name, sample_data
 from services.events import publish_event
 
@@ -33,6 +34,7 @@ def emit_command(brand_id: str, event_name: str, data_json: str | None) -> None:
         )
     data = sample_data(event_name) if data_json is None else _parse_object(data_json)
     with command_transaction():
+        get_brand(brand_id)  # a clear "no such brand" rather than a foreign-key failure
         published = publish_event(brand_id=brand_id, name=event_name, data=data)
     click.echo(published.event.id)
     click.echo(f"queued {len(published.delivery_ids)} delivery(ies)", err=True)

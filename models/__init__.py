@@ -4,6 +4,7 @@ from models.api_key import ApiKey
 from models.bootstrap_token import BootstrapToken
 from models.brand import Brand
 from models.campaign import Campaign
+from models.conversion import Conversion
 from models.deal import Deal
 from models.escrow_hold import EscrowHold
 from models.placement import Placement
@@ -17,6 +18,7 @@ __all__ = [
     "BootstrapToken",
     "Brand",
     "Campaign",
+    "Conversion",
     "Deal",
     "EscrowHold",
     "Placement",

@@ -7,9 +7,9 @@ from marshmallow import fields, validate
 from models.webhook_delivery import DELIVERY_STATUSES, RESPONSE_BODY_MAX_BYTES
 from schemas.base import ApiSchema, Timestamp
 from schemas.envelope import PageQuerySchema
-from services.deliveries import ASCENDING, DESCENDING
 from services.endpoint_urls import URL_MAX_LENGTH
 from services.event_catalog import DEFAULT_SUBSCRIPTION, EVENT_NAMES
+from services.records import ASCENDING, DESCENDING
 
 ENDPOINT_ID_EXAMPLE = "whe_01jd3kr7s9t1v3w5x7y9z1a3b5"
 DELIVERY_ID_EXAMPLE = "whd_01jd3kt0v2w4x6y8z0a2b4c6d8"

@@ -20,6 +20,10 @@ BOOTSTRAP_TOKEN_PREFIX = "bst_"  # noqa: S105 - a prefix, not a token
 # Signing secrets are encrypted at rest, not hashed: the worker needs them to sign.
 SIGNING_SECRET_PREFIX = "whsec_"  # noqa: S105 - a prefix, not a secret
 KEY_PREFIX_LENGTH = 12
+CREDENTIAL_PREFIXES = (API_KEY_PREFIX, BOOTSTRAP_TOKEN_PREFIX, SIGNING_SECRET_PREFIX)
+# Distinctive enough to refuse wherever they appear in a text ("Bearer svc_live_…",
+# "secret=whsec_…"); `bst_` is not: it occurs inside ordinary words ("subst_", "abst_").
+_CREDENTIAL_MARKERS = (API_KEY_PREFIX, SIGNING_SECRET_PREFIX)
 
 _BASE62 = string.digits + string.ascii_letters
 _BODY_LENGTH = 32
@@ -40,6 +44,21 @@ def is_well_formed(secret: str, prefix: str) -> bool:
         return False
     body, checksum = rest[:_BODY_LENGTH], rest[_BODY_LENGTH:]
     return hmac.compare_digest(checksum, _checksum(prefix + body))
+
+
+def looks_like_credential(text: str) -> str | None:
+    """The prefix of this service's credential that `text` appears to carry, or None.
+
+    Callers say which kind was found, never the text: it may be a live secret.
+    """
+    stripped = text.strip()
+    for prefix in CREDENTIAL_PREFIXES:
+        if stripped.startswith(prefix):
+            return prefix
+    for marker in _CREDENTIAL_MARKERS:
+        if marker in text:
+            return marker
+    return None
 
 
 def hash_secret(secret: str) -> str:

@@ -15,9 +15,7 @@ from models.webhook_delivery import FAILED, PENDING
 from services.errors import NotFound
 from services.events import deliver_again
 from services.pagination import Page, paginate
-
-ASCENDING = "asc"
-DESCENDING = "desc"
+from services.records import DESCENDING, in_creation_order
 
 
 @dataclass(frozen=True)
@@ -48,11 +46,9 @@ def list_deliveries(
         statement = statement.where(WebhookDelivery.event_name == event_name)
     if endpoint_id is not None:
         statement = statement.where(WebhookDelivery.endpoint_id == endpoint_id)
-    if sort_order == ASCENDING:
-        statement = statement.order_by(WebhookDelivery.created_at, WebhookDelivery.id)
-    else:
-        statement = statement.order_by(WebhookDelivery.created_at.desc(), WebhookDelivery.id.desc())
-    return paginate(statement, page=page, limit=limit)
+    return paginate(
+        in_creation_order(statement, WebhookDelivery, sort_order), page=page, limit=limit
+    )
 
 
 def get_delivery(brand_id: str, delivery_id: str) -> WebhookDelivery:

@@ -129,15 +129,17 @@ _HOLD = {
 }
 _CONVERSION = {
     "id": "conv_01jd3km1n3p5q7r9s1t3v5w7x9",
+    "idempotencyKey": "order-20931-purchase",
     "eventType": "purchase",
     "clickId": "clk_8f2a61",
     "linkCode": "GLOW25",
+    "linkId": "lnk_01jd3kc4d6f8g0h2j4k6m8n0p2",
+    "campaignId": _CAMPAIGN["id"],
+    "dealId": _DEAL["id"],
     "valueMinor": 1250000,
     "currency": "NGN",
     "metadata": {"orderId": "ORD-20931"},
     "attributed": True,
-    "campaignId": _CAMPAIGN["id"],
-    "dealId": _DEAL["id"],
     "createdAt": "2026-11-15T12:30:00.000Z",
 }
 

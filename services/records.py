@@ -10,11 +10,20 @@ from extensions import db
 from services.errors import NotFound
 
 Record = TypeVar("Record")
+ASCENDING = "asc"
+DESCENDING = "desc"
 
 
 def newest_first(statement: Select, model) -> Select:
     # `id` breaks ties between rows created in the same millisecond, so pages never overlap.
     return statement.order_by(model.created_at.desc(), model.id.desc())
+
+
+def in_creation_order(statement: Select, model, sort_order: str) -> Select:
+    """Oldest first for `asc`, else newest first (the lists that take `sortOrder`)."""
+    if sort_order == ASCENDING:
+        return statement.order_by(model.created_at, model.id)
+    return newest_first(statement, model)
 
 
 def get_owned(model: type[Record], record_id: str, brand_id: str, kind: str) -> Record:

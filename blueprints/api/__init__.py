@@ -9,6 +9,6 @@ api = Blueprint("api", __name__, url_prefix=API_PREFIX)
 
 def register_routes() -> Blueprint:
     # Imported for their side effect of adding routes; kept here so the route table is one list.
-    from blueprints.api import keys, openapi, platform_data, webhooks  # noqa: F401
+    from blueprints.api import conversions, keys, openapi, platform_data, webhooks  # noqa: F401
 
     return api

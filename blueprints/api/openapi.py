@@ -28,6 +28,8 @@ PATH_PARAMETER_DESCRIPTIONS = {
     "linkId": "A tracked link id (`lnk_…`) from fetch-links.",
     "placementId": "A placement id (`plc_…`) from fetch-placements or an event.",
     "holdId": "An escrow hold id (`esc_…`) from fetch-holds or an event.",
+    "conversionId": "A conversion id (`conv_…`) from record-postback, fetch-postbacks or a "
+    "`conversion.recorded` event.",
 }
 
 _ERROR_RESPONSES = {
@@ -138,18 +140,22 @@ def _operation(declared, auth, arguments) -> dict:
     ]
     if declared.query is not None:
         parameters.append({"in": "query", "schema": declared.query})
+    if declared.headers is not None:
+        parameters.append({"in": "header", "schema": declared.headers})
     responses: dict = {}
     if declared.response is not None:
-        responses[str(declared.status)] = {
-            "description": declared.message,
-            "content": {
-                "application/json": {
-                    "schema": envelope_for(
-                        declared.response, many=declared.many, paged=declared.paged
-                    )
-                }
-            },
-        }
+        success = {declared.status: declared.message} | declared.other_statuses
+        for status, message in success.items():
+            responses[str(status)] = {
+                "description": message,
+                "content": {
+                    "application/json": {
+                        "schema": envelope_for(
+                            declared.response, many=declared.many, paged=declared.paged
+                        )
+                    }
+                },
+            }
     for name, (status, _description) in _ERROR_RESPONSES.items():
         if _may_fail_with(status, declared, auth, arguments):
             responses[str(status)] = name
@@ -178,7 +184,9 @@ def _may_fail_with(status: int, declared, auth, arguments) -> bool:
     if status in (405, 409, 429):
         return status in declared.errors  # described once in components for every client
     if status == 400:
-        return declared.body is not None or declared.query is not None
+        return any(
+            schema is not None for schema in (declared.body, declared.query, declared.headers)
+        )
     if status in (401, 403):
         return auth is not None
     if status == 404:
@@ -193,5 +201,7 @@ def _scope_note(auth) -> str:
         return ""
     if auth.bootstrap_token:
         return "\n\n**Credential:** bootstrap token only."
+    if auth.scope is None:
+        return "\n\n**Credential:** any API key of the brand, `read` or `write`."
     scope = "write" if auth.scope == WRITE else "read"
     return f"\n\n**Credential:** API key with the `{scope}` scope."

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from flask import current_app, request
 from marshmallow import Schema, ValidationError
@@ -30,12 +32,18 @@ class Operation:
     description: str = ""
     body: type[Schema] | None = None
     query: type[Schema] | None = None
+    # Request headers the operation reads (its fields' `data_key`s are the header names).
+    headers: type[Schema] | None = None
     response: type[Schema] | None = None
     many: bool = False
     # The view returns a `services.pagination.Page`; its paging goes to `meta`.
     paged: bool = False
     status: int = 200
     message: str = "OK"
+    # An operation with a second kind of success (a postback's replay): `other_status(result)`
+    # returns (status, message) for a result that is one, else None.
+    other_status: Callable[[Any], tuple[int, str] | None] | None = None
+    other_statuses: dict[int, str] = field(default_factory=dict)  # for the OpenAPI document
     errors: tuple[int, ...] = field(default_factory=tuple)
     # OpenAPI callbacks: requests this operation makes the service send (webhook deliveries).
     callbacks: dict | None = None
@@ -47,23 +55,24 @@ def operation(**declaration):
     spec = Operation(**declaration)
     body_schema = spec.body() if spec.body else None
     query_schema = spec.query() if spec.query else None
+    headers_schema = spec.headers() if spec.headers else None
     response_schema = spec.response(many=spec.many) if spec.response else None
 
     def decorator(view):
         @functools.wraps(view)
         def operation_view(*args, **kwargs):
             _refuse_nul_characters(kwargs)
-            if body_schema is not None:
-                kwargs["body"] = _load(body_schema, _json_body())
-            if query_schema is not None:
-                kwargs["query"] = _load(query_schema, request.args.to_dict(flat=True))
+            kwargs.update(_load_request(body_schema, query_schema, headers_schema))
             result = view(*args, **kwargs)
             # Dumped before the commit, which expires ORM objects: reading them afterwards
             # would cost a SELECT per object to reload what this request just wrote.
             data = response_schema.dump(result) if response_schema is not None else None
             meta = _page_meta.dump(result) if spec.paged else None
             db.session.commit()
-            return success(data, status_code=spec.status, message=spec.message, meta=meta)
+            status, message = spec.status, spec.message
+            if spec.other_status is not None:
+                status, message = spec.other_status(result) or (status, message)
+            return success(data, status_code=status, message=message, meta=meta)
 
         operation_view.operation = spec
         return operation_view
@@ -94,7 +103,7 @@ def _contains_nul(value) -> bool:
     return False
 
 
-def _json_body() -> dict:
+def _json_body(_schema: Schema | None = None) -> dict:
     raw = request.get_data(cache=True)  # a declared length over the limit: 413 from werkzeug
     if request.content_length is None and len(raw) >= current_app.config["MAX_CONTENT_LENGTH"]:
         # A chunked body is cut off at the limit without an error; never parse what was cut.
@@ -118,11 +127,33 @@ def _json_body() -> dict:
     return payload
 
 
-def _load(schema: Schema, payload: dict) -> dict:
-    try:
-        return schema.load(payload)
-    except ValidationError as error:
-        raise ValidationFailed("Invalid request", flatten_errors(error.messages)) from None
+def _load_request(
+    body_schema: Schema | None, query_schema: Schema | None, headers_schema: Schema | None
+) -> dict:
+    """The view's `body`, `query` and `headers` arguments; every invalid field of all three is
+    reported in one 400, so a client fixes its request in one round."""
+    loaded: dict = {}
+    errors: dict[str, list[str]] = {}
+    sources = (
+        ("headers", headers_schema, _declared_headers),
+        ("body", body_schema, _json_body),
+        ("query", query_schema, lambda _schema: request.args.to_dict(flat=True)),
+    )
+    for argument, schema, read in sources:
+        if schema is None:
+            continue
+        try:
+            loaded[argument] = schema.load(read(schema))
+        except ValidationError as error:
+            errors.update(flatten_errors(error.messages))
+    if errors:
+        raise ValidationFailed("Invalid request", errors)
+    return loaded
+
+
+def _declared_headers(schema: Schema) -> dict:
+    names = (declared.data_key or name for name, declared in schema.fields.items())
+    return {name: request.headers[name] for name in names if name in request.headers}
 
 
 def flatten_errors(messages, prefix: str = "") -> dict[str, list[str]]:
