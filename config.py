@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.failpoints import parse_failpoints
+
 ENVIRONMENTS = ("development", "test", "production")
 DEFAULT_DATABASE_URL = "sqlite:///instance/brand.db"
 DEFAULT_RETRY_SCHEDULE = "5,300,1800,7200,18000,36000,36000"
@@ -40,6 +42,8 @@ class Settings:
     webhook_timeout: float
     webhook_sweep_interval: float
     postback_in_flight_window: int
+    # services.failpoints: read only when APP_ENV=test.
+    failpoints: Mapping[str, str]
 
     @property
     def is_production(self) -> bool:
@@ -69,12 +73,25 @@ class Settings:
             postback_in_flight_window=_int(
                 environ, "POSTBACK_IN_FLIGHT_WINDOW", 120, minimum=1, maximum=3600
             ),
+            failpoints=_failpoints(environ, app_env),
         )
 
 
 def read_port(environ: Mapping[str, str]) -> int:
     """PORT (CONTRACT 1): also read by `make run` before it starts anything."""
     return _int(environ, "PORT", DEFAULT_PORT, minimum=1, maximum=65535)
+
+
+def _failpoints(environ: Mapping[str, str], app_env: str) -> Mapping[str, str]:
+    raw = environ.get("FAILPOINTS", "").strip()
+    if not raw:
+        return {}
+    if app_env != "test":
+        raise ConfigError("FAILPOINTS is for the test suite; it is refused unless APP_ENV=test")
+    try:
+        return parse_failpoints(raw)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
 
 def _database_url(url: str, root_path: str) -> str:

@@ -36,6 +36,7 @@ from models.money import NGN
 from schemas.conversions import ConversionSchema
 from services.errors import Conflict
 from services.events import publish_event
+from services.failpoints import failpoint
 
 DEFAULT_IN_FLIGHT_WINDOW_SECONDS = 120
 # In flight almost always means "a few milliseconds from committing".
@@ -121,6 +122,9 @@ def record_postback(
         # Last before the commit: the link's row stays locked from here to the commit, and a
         # popular link's postbacks queue on that lock.
         _count_on_link(taken.link_id, postback)
+    # The last moment before the caller commits: the key, the conversion, the event and the
+    # counters are all written and none is visible yet. Tests crash or hang a server here.
+    failpoint("postback.before_commit")
     return PostbackOutcome(conversion=conversion, replay=False)
 
 
