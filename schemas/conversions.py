@@ -83,6 +83,7 @@ class PostbackSchema(ApiSchema):
         },
     )
     value_minor = fields.Integer(
+        strict=True,  # 12.5 or "1250" is a mistake to report, not a number to round
         load_default=0,
         validate=validate.Range(min=0, max=VALUE_MINOR_MAX),
         metadata={"description": "The outcome's value in minor units of `currency`; default 0."},
