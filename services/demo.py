@@ -4,7 +4,8 @@ a time by `flask demo simulate`.
 
 Kola Naturals sells shea butter and skincare in Nigeria and to the diaspora in the US. Its month
 has campaigns in every state, deals in every status, escrow held, released and refunded, links
-with clicks, and placements verified and not, in NGN and USD. The story is fixed (click counts
+with clicks and the sales its partner reported through postbacks, and placements verified and
+not, in NGN and USD. The story is fixed (click counts
 come from a seeded generator), so every seed looks alike and tests can rely on its shape.
 """
 
@@ -42,6 +43,7 @@ from services.platform.placements import (
 )
 from services.platform.tracked_links import create_tracked_link, record_link_clicks
 from services.platform.workspace import complete_kyb_verification
+from services.postbacks import Postback, record_postback
 
 DEMO_BRAND_NAME = "Kola Naturals (demo)"
 SHORT_LINK_BASE = "https://kola.link/"
@@ -233,6 +235,7 @@ def seed_demo_workspace(now: datetime | None = None) -> DemoWorkspace:
     rng = random.Random(20261101)  # noqa: S311 - a fixed story, not a secret
     for plan in CAMPAIGNS:
         _play_campaign(brand.id, plan, month_start, now, suffix, rng)
+    _record_stray_postbacks(brand.id, now)
     issued = issue_bootstrap_token(brand_id=brand.id)
     return DemoWorkspace(brand=brand, bootstrap_token=issued.token)
 
@@ -300,10 +303,11 @@ def _play_deal(
         return
     accept_deal(deal.id, now=offered + step)
     handle = plan.handle.strip("@").split(".")[0].upper()
+    link_code = f"{campaign_plan.code}-{handle}-{suffix}"
     link = _link(
         campaign_id,
         deal.id,
-        f"{campaign_plan.code}-{handle}-{suffix}",
+        link_code,
         campaign_plan.landing,
         offered + step,
         now,
@@ -323,6 +327,14 @@ def _play_deal(
                 placement.id, clicks=placement_plan.clicks, now=when + timedelta(days=2)
             )
             record_link_clicks(link, clicks=placement_plan.clicks, now=when + timedelta(days=2))
+            record_sales(
+                brand_id=deal.brand_id,
+                link_code=link_code,
+                currency=campaign_plan.currency,
+                sales=max(1, placement_plan.clicks // 400),
+                now=when + timedelta(days=2, hours=1),
+                rng=rng,
+            )
         when += step
     if plan.ends == "completed":
         complete_deal(deal.id, now=when + step)
@@ -352,6 +364,51 @@ def _link(
     if deal_id is None:  # campaign-wide links are shared widely: a steady trickle of clicks
         record_link_clicks(link.id, clicks=rng.randint(300, 2400), now=now - timedelta(hours=2))
     return link.id
+
+
+# A basket at the demo shop, in minor units of each currency.
+_BASKET = {"NGN": (6_500 * NAIRA, 48_000 * NAIRA), "USD": (18 * DOLLAR, 95 * DOLLAR)}
+
+
+def record_sales(
+    *, brand_id: str, link_code: str, currency: str, sales: int, now: datetime, rng
+) -> list[str]:
+    """Purchases the shop's backend reports on a link, as its postbacks would; their ids."""
+    recorded = []
+    for number in range(sales):
+        order = f"KN-{now:%y%m%d%H%M}-{number + 1}"
+        outcome = record_postback(
+            brand_id=brand_id,
+            idempotency_key=f"demo-{link_code}-{order}",
+            postback=Postback(
+                event_type="purchase",
+                click_id=f"clk_{rng.randrange(16**10):010x}",
+                link_code=link_code,
+                value_minor=rng.randint(*_BASKET[currency]),
+                currency=currency,
+                metadata={"orderId": order, "channel": "web"},
+            ),
+            now=now + timedelta(minutes=7 * number),
+        )
+        recorded.append(outcome.conversion.id)
+    return recorded
+
+
+def _record_stray_postbacks(brand_id: str, now: datetime) -> None:
+    """What real postback logs also hold: a signup with a click id and no code, a code from a
+    retired link (stored, counted nowhere), and a newsletter signup with neither."""
+    strays = (
+        Postback(event_type="signup", click_id="clk_7e21c0d9aa"),
+        Postback(event_type="purchase", link_code="SUMMER-OLD", value_minor=12_000 * NAIRA),
+        Postback(event_type="newsletter_signup", metadata={"list": "weekly-glow"}),
+    )
+    for number, postback in enumerate(strays):
+        record_postback(
+            brand_id=brand_id,
+            idempotency_key=f"demo-stray-postback-{number}",
+            postback=postback,
+            now=now - timedelta(hours=30 - 9 * number),
+        )
 
 
 def post_url(platform: str, handle: str, number: int, rng) -> str:

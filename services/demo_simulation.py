@@ -15,7 +15,7 @@ from models import Brand, Campaign, Deal, Placement, TrackedLink, WebhookEvent
 from models.campaign import ACTIVE
 from models.columns import utcnow
 from models.deal import ACCEPTED, DISPUTED, IN_PROGRESS, OFFERED
-from services.demo import DEMO_BRAND_NAME, post_url
+from services.demo import DEMO_BRAND_NAME, post_url, record_sales
 from services.errors import NotFound
 from services.platform.deals import accept_deal, complete_deal, offer_deal, resolve_dispute
 from services.platform.placements import (
@@ -170,12 +170,23 @@ def _measure_clicks(brand_id: str, now: datetime, rng) -> str | None:
         return None
     added = rng.randint(20, 400)
     update_placement_metrics(placement.id, clicks=placement.clicks + added, now=now)
-    link_id = db.session.scalar(
-        select(TrackedLink.id).where(TrackedLink.deal_id == placement.deal_id).limit(1)
+    link = db.session.execute(
+        select(TrackedLink.id, TrackedLink.brand_id, TrackedLink.code, TrackedLink.currency)
+        .where(TrackedLink.deal_id == placement.deal_id)
+        .limit(1)
+    ).first()
+    if link is None:
+        return f"Placement {placement.id} drew {added} more clicks"
+    record_link_clicks(link.id, clicks=added, now=now)
+    record_sales(
+        brand_id=link.brand_id,
+        link_code=link.code,
+        currency=link.currency,
+        sales=1,
+        now=now,
+        rng=rng,
     )
-    if link_id is not None:
-        record_link_clicks(link_id, clicks=added, now=now)
-    return f"Placement {placement.id} drew {added} more clicks"
+    return f"Placement {placement.id} drew {added} more clicks and a sale on {link.code}"
 
 
 _NEW_CREATORS = ("@ife.skincare", "@jollof.and.joy", "@ada.in.abuja", "@emeka.grooms")

@@ -764,3 +764,46 @@ def test_the_openapi_document_describes_the_postback_contract(client):
         "sortOrder",
     }
     assert "/brand/{brandId}/conversion/{conversionId}" in document["paths"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The demo workspace's postbacks
+
+
+def test_the_demo_workspace_has_postbacks_that_agree_with_its_links(app, client, make_key):
+    from services.demo import seed_demo_workspace
+    from services.demo_simulation import simulate_step
+
+    with app.app_context():
+        brand_id = seed_demo_workspace().brand.id
+        db.session.commit()
+    key = make_key(brand_id, scopes=("read",))
+    seeded = len(recorded_events(app, brand_id))
+    for _ in range(15):  # the demo moves on; measuring a post's clicks also sells on its link
+        with app.app_context():
+            simulate_step(brand_id=brand_id)
+            db.session.commit()
+    announced = len(recorded_events(app, brand_id))
+
+    def everything(path: str, name: str) -> list[dict]:
+        response = client.get(
+            f"/api/v1/brand/{brand_id}/{path}",
+            query_string={"limit": 100},
+            headers={"X-Api-Key": key},
+        )
+        return assert_success(response)[name]
+
+    conversions = everything("conversion/fetch-postbacks", "conversions")
+    links = everything("tracked-link/fetch-links", "links")
+
+    assert announced > seeded > 0
+    assert len(conversions) == announced  # each conversion announced once, seeded or simulated
+    assert {c["attributed"] for c in conversions} == {True, False}
+    assert any(c["linkCode"] and c["linkId"] is None for c in conversions)  # a retired code
+    assert {c["currency"] for c in conversions} == {"NGN", "USD"}
+    for link in links:
+        on_link = [c for c in conversions if c["linkId"] == link["id"]]
+        assert link["conversions"] == len(on_link), link["code"]
+        assert link["conversionValueMinor"] == sum(c["valueMinor"] for c in on_link)
+        assert all(c["campaignId"] == link["campaignId"] for c in on_link)
+    assert sum(link["conversions"] for link in links) > 0
