@@ -82,7 +82,9 @@ def record_postback(
     """Store the postback as a new conversion, or return the conversion stored under the key.
 
     Runs in the caller's transaction, which the caller commits. `idempotency_key` has been
-    checked against `models.conversion.IDEMPOTENCY_KEY_PATTERN`.
+    checked against `models.conversion.IDEMPOTENCY_KEY_PATTERN`. On PostgreSQL the rest of
+    that transaction is bounded by `in_flight_window` (seconds): a statement or an idle pause
+    longer than that ends it.
 
     :raise Conflict: another request with this key is still in its transaction.
     """
