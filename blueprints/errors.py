@@ -43,6 +43,7 @@ def register_error_handlers(app: Flask) -> None:
     app.register_error_handler(sqlalchemy.exc.InterfaceError, handle_backing_service_down)
     app.register_error_handler(redis.exceptions.ConnectionError, handle_backing_service_down)
     app.register_error_handler(redis.exceptions.TimeoutError, handle_backing_service_down)
+    app.register_error_handler(sqlalchemy.exc.DBAPIError, handle_database_error)
     app.register_error_handler(Exception, handle_unexpected)
 
 
@@ -83,6 +84,14 @@ def handle_backing_service_down(error: Exception):
         "A backing service is unavailable; nothing was changed, retry shortly",
         headers={"Retry-After": "5"},
     )
+
+
+def handle_database_error(error: sqlalchemy.exc.DBAPIError):
+    """A lost connection is an unavailable database whatever class the driver gives it (the
+    server ending an idle transaction, say, which psycopg calls an InternalError)."""
+    if error.connection_invalidated:
+        return handle_backing_service_down(error)
+    return handle_unexpected(error)
 
 
 def handle_unexpected(error: Exception):
