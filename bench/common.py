@@ -1,15 +1,24 @@
-"""What the read benchmarks share: the app on a PostgreSQL database of their own, migrated, and
-the median of repeated timings."""
+"""What the benchmarks share: the app on a PostgreSQL database of their own, migrated; the
+median of repeated timings; and, for those that run real servers, the child processes (stopped
+whatever happens), free ports, gunicorn, percentiles and progress lines on stderr."""
 
 from __future__ import annotations
 
+import math
+import os
+import signal
+import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parent.parent
 ROUNDS = 25
 BENCH_ENCRYPTION_KEY = "YmVuY2gtZW5jcnlwdGlvbi1rZXktMzItYnl0ZXMhISE="
 
@@ -53,3 +62,114 @@ def migrated_app_on_postgresql(prefix: str) -> Iterator[tuple[object, str]]:
         yield app, backends.database_url.replace("postgresql+psycopg://", "postgresql://")
     finally:
         backends.close()
+
+
+def log(message: str) -> None:
+    """A progress line on stderr (stdout is kept for the one JSON line of the result)."""
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def percentile(values: list[float], pct: float) -> float:
+    """Nearest-rank percentile."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(pct / 100 * len(ordered)) - 1)]
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM unwinds like Ctrl-C does, through every `finally` (children stopped, database
+    dropped)."""
+
+    def terminate(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminate)
+
+
+class Processes:
+    """The child processes of the run, stopped in reverse order at the end whatever happens."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.running: list[tuple[str, subprocess.Popen, Path]] = []
+
+    def start(self, name: str, argv: list[str], env: dict[str, str], **kwargs) -> subprocess.Popen:
+        """Start `argv` in its own process group, its stderr (and, unless given, its stdout) to
+        `<workdir>/<name>-<n>.log`."""
+        log_path = self.workdir / f"{name}-{len(self.running)}.log"
+        with open(log_path, "wb") as log_file:
+            kwargs.setdefault("stdout", log_file)
+            process = subprocess.Popen(
+                argv, env=env, cwd=ROOT, stderr=log_file, start_new_session=True, **kwargs
+            )
+        self.running.append((name, process, log_path))
+        return process
+
+    def stop(self, process: subprocess.Popen) -> None:
+        """SIGTERM, then SIGKILL; then the same for what is left of its process group (each
+        child leads its own: the worker forks RQ's scheduler, gunicorn its workers)."""
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(5)
+        for signum in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(process.pid, signum)
+            except ProcessLookupError:
+                break
+            time.sleep(0.5)
+        self.running = [entry for entry in self.running if entry[1] is not process]
+
+    def log_path_of(self, process: subprocess.Popen) -> Path | None:
+        for _, candidate, path in self.running:
+            if candidate is process:
+                return path
+        return None
+
+    def log_of(self, process: subprocess.Popen) -> str:
+        path = self.log_path_of(process)
+        return path.read_text(errors="replace")[-3000:] if path is not None else ""
+
+    def stop_all(self) -> None:
+        for _, process, _ in reversed(list(self.running)):
+            self.stop(process)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start_gunicorn(
+    processes: Processes,
+    name: str,
+    app_spec: str,
+    env: dict[str, str],
+    options: list[str],
+    ready_path: str = "/healthz",
+    timeout: float = 30,
+) -> tuple[str, subprocess.Popen]:
+    """`gunicorn app_spec --bind 127.0.0.1:<free port> *options` as a child; returns its base
+    URL once GET `ready_path` answers 200."""
+    port = free_port()
+    process = processes.start(
+        name,
+        [sys.executable, "-m", "gunicorn", app_spec, "--bind", f"127.0.0.1:{port}", *options],
+        env,
+    )
+    base = f"http://127.0.0.1:{port}"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with opener.open(f"{base}{ready_path}", timeout=2) as response:
+                if response.status == 200:
+                    return base, process
+        except OSError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{name} did not start:\n" + processes.log_of(process))
+        time.sleep(0.1)

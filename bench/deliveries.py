@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import base64
 import json
-import math
 import os
 import signal
 import socket
@@ -38,13 +37,19 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.common import (  # noqa: E402
+    Processes,
+    exit_on_sigterm,
+    log,
+    percentile,
+    start_gunicorn,
+)
+
 EVENT_NAME = "conversion.recorded"
 DELIVERY_HEADER = b"x-service-delivery"  # services.signing.DELIVERY_HEADER, lower-cased
 STALL_SECONDS = 60.0  # no progress for this long aborts the run
-
-
-def log(message: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -176,58 +181,6 @@ async def _serve_receiver() -> None:
 # --------------------------------------------------------------------------------------------
 
 
-class Processes:
-    """The child processes of the run, stopped in reverse order at the end whatever happens."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.workdir = workdir
-        self.running: list[tuple[str, subprocess.Popen, Path]] = []
-
-    def start(self, name: str, argv: list[str], env: dict[str, str], **kwargs) -> subprocess.Popen:
-        log_path = self.workdir / f"{name}-{len(self.running)}.log"
-        with open(log_path, "wb") as log_file:
-            kwargs.setdefault("stdout", log_file)
-            process = subprocess.Popen(
-                argv, env=env, cwd=ROOT, stderr=log_file, start_new_session=True, **kwargs
-            )
-        self.running.append((name, process, log_path))
-        return process
-
-    def stop(self, process: subprocess.Popen) -> None:
-        """SIGTERM, then SIGKILL; then the same for what is left of its process group (each
-        child leads its own: the worker forks RQ's scheduler, gunicorn its worker)."""
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(5)
-        for signum in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(process.pid, signum)
-            except ProcessLookupError:
-                break
-            time.sleep(0.5)
-        self.running = [entry for entry in self.running if entry[1] is not process]
-
-    def log_of(self, process: subprocess.Popen) -> str:
-        for _, candidate, path in self.running:
-            if candidate is process:
-                return path.read_text(errors="replace")[-3000:]
-        return ""
-
-    def stop_all(self) -> None:
-        for _, process, _ in reversed(list(self.running)):
-            self.stop(process)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def start_receiver(processes: Processes) -> str:
     process = processes.start(
         "receiver",
@@ -243,33 +196,9 @@ def start_worker(processes: Processes, env: dict[str, str]) -> subprocess.Popen:
     return processes.start("worker", [sys.executable, "-m", "flask", "--app", "app", "worker"], env)
 
 
-def start_api_server(processes: Processes, env: dict[str, str], session) -> str:
-    port = free_port()
-    process = processes.start(
-        "gunicorn",
-        [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "app:create_app()",
-            "--bind",
-            f"127.0.0.1:{port}",
-            "--workers",
-            "1",
-        ],
-        env,
-    )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if session.get(f"{base}/healthz", timeout=2).status_code == 200:
-                return base
-        except OSError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError("gunicorn did not start:\n" + processes.log_of(process))
-        time.sleep(0.1)
+def start_api_server(processes: Processes, env: dict[str, str]) -> str:
+    base, _ = start_gunicorn(processes, "gunicorn", "app:create_app()", env, ["--workers", "1"])
+    return base
 
 
 # --------------------------------------------------------------------------------------------
@@ -398,7 +327,7 @@ def measure_latency(processes, env, control, brand_id, endpoint_id, api_key, sam
 
     api = requests.Session()
     api.trust_env = False
-    base = start_api_server(processes, env, api)
+    base = start_api_server(processes, env)
     worker = start_worker(processes, env)
     send_test = f"{base}/api/v1/brand/{brand_id}/webhook/{endpoint_id}/send-test"
     after_return, after_request = [], []
@@ -426,12 +355,6 @@ def measure_latency(processes, env, control, brand_id, endpoint_id, api_key, sam
     )
     api.close()
     return p50, p99
-
-
-def percentile(values: list[float], pct: float) -> float:
-    """Nearest-rank percentile."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(pct / 100 * len(ordered)) - 1)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -535,10 +458,7 @@ def main() -> None:
         asyncio.run(_serve_receiver())
         return
 
-    def terminate(signum, frame):
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, terminate)
+    exit_on_sigterm()
     with tempfile.TemporaryDirectory(prefix="bench-deliveries-") as directory:
         processes = Processes(Path(directory))
         try:
