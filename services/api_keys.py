@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import bindparam, or_, select, update
 
 from extensions import db
 from models import ApiKey
@@ -99,18 +99,25 @@ def revoke_api_key(*, brand_id: str, key_id: str, now: datetime | None = None) -
     return key
 
 
+# Every authenticated request runs this: built once, and run as Core on the session's
+# connection, which skips the ORM's per-execution work (a millisecond of CPU per request).
+_KEY_BY_SECRET_HASH = select(
+    ApiKey.__table__.c.id,
+    ApiKey.__table__.c.brand_id,
+    ApiKey.__table__.c.scopes,
+    ApiKey.__table__.c.secret_hash,
+    ApiKey.__table__.c.revoked_at,
+    ApiKey.__table__.c.last_used_at,
+).where(ApiKey.__table__.c.secret_hash == bindparam("secret_hash"))
+
+
 def find_key_by_secret(secret: str) -> tuple[ActiveKey | None, bool]:
     """Look a presented secret up: `(key, revoked)`; `(None, False)` when it is unknown."""
-    row = db.session.execute(
-        select(
-            ApiKey.id,
-            ApiKey.brand_id,
-            ApiKey.scopes,
-            ApiKey.secret_hash,
-            ApiKey.revoked_at,
-            ApiKey.last_used_at,
-        ).where(ApiKey.secret_hash == credentials.hash_secret(secret))
-    ).first()
+    row = (
+        db.session.connection()
+        .execute(_KEY_BY_SECRET_HASH, {"secret_hash": credentials.hash_secret(secret)})
+        .first()
+    )
     if row is None or not credentials.hash_matches(row.secret_hash, secret):
         return None, False
     key = ActiveKey(

@@ -26,7 +26,18 @@ import hashlib
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import and_, case, func, literal, select, true, update
+from sqlalchemy import (
+    BigInteger,
+    Text,
+    and_,
+    bindparam,
+    case,
+    func,
+    literal,
+    select,
+    true,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 
 from extensions import db
@@ -89,113 +100,53 @@ def record_postback(
     :raise Conflict: another request with this key is still in its transaction.
     """
     now = now or utcnow()
-    conversion_id = new_id("conv", at=now)
-    taken = db.session.execute(
-        _take_key_and_insert(
-            brand_id, idempotency_key, postback, conversion_id, now, in_flight_window
-        )
-    ).first()
-    if taken is None:
-        return PostbackOutcome(conversion=_stored(brand_id, idempotency_key), replay=True)
-
     conversion = Conversion(
-        id=conversion_id,
+        id=new_id("conv", at=now),
         brand_id=brand_id,
         idempotency_key=idempotency_key,
         event_type=postback.event_type,
         click_id=postback.click_id,
         link_code=postback.link_code,
-        link_id=taken.link_id,
-        campaign_id=taken.campaign_id,
-        deal_id=taken.deal_id,
         value_minor=postback.value_minor,
         currency=postback.currency,
         details=postback.metadata,
         attributed=postback.attributed,
         created_at=now,
     )
+    connection = db.session.connection()
+    parameters = {f"new_{name}": getattr(conversion, attribute) for name, attribute in _INSERTED}
+    if connection.dialect.name == "postgresql":
+        statement = _TAKE_KEY_AND_INSERT_POSTGRESQL
+        parameters["lock_id"] = _lock_id(brand_id, idempotency_key)
+        parameters["window_ms"] = str(in_flight_window * 1000)
+    else:
+        statement = _TAKE_KEY_AND_INSERT_SQLITE
+    taken = connection.execute(statement, parameters).first()
+    if taken is None:
+        return PostbackOutcome(conversion=_stored(brand_id, idempotency_key), replay=True)
+
+    conversion.link_id, conversion.campaign_id, conversion.deal_id = taken
     publish_event(
         brand_id=brand_id,
         name=CONVERSION_RECORDED,
         data=_conversion_schema.dump(conversion),
         now=now,
     )
-    if taken.link_id is not None:
+    if conversion.link_id is not None:
         # Last before the commit: the link's row stays locked from here to the commit, and a
         # popular link's postbacks queue on that lock.
-        _count_on_link(taken.link_id, postback)
+        connection.execute(
+            _COUNT_ON_LINK,
+            {
+                "link_id": conversion.link_id,
+                "conversion_currency": postback.currency,
+                "conversion_value_minor": postback.value_minor,
+            },
+        )
     # The last moment before the caller commits: the key, the conversion, the event and the
     # counters are all written and none is visible yet. Tests crash or hang a server here.
     failpoint("postback.before_commit")
     return PostbackOutcome(conversion=conversion, replay=False)
-
-
-def _take_key_and_insert(
-    brand_id: str,
-    idempotency_key: str,
-    postback: Postback,
-    conversion_id: str,
-    now: datetime,
-    in_flight_window: int,
-):
-    """One statement: take the key, look up the link, insert the conversion (one round trip).
-
-    Returns a row (link_id, campaign_id, deal_id) when this request took the key and inserted;
-    no row when the key was in flight elsewhere or its conversion already exists.
-    """
-    dialect = db.session.get_bind().dialect.name
-    if dialect == "postgresql":
-        window_ms = str(in_flight_window * 1000)
-        claim = select(
-            func.pg_try_advisory_xact_lock(_lock_id(brand_id, idempotency_key)).label("taken"),
-            # Local to this transaction: a hung request is ended when the window has passed.
-            func.set_config("statement_timeout", window_ms, True).label("statement_limit"),
-            func.set_config("idle_in_transaction_session_timeout", window_ms, True).label(
-                "idle_limit"
-            ),
-        ).cte("claim")
-        taken = claim.c.taken
-        insert = postgresql.insert
-    else:
-        claim, taken, insert = None, true(), sqlite.insert
-
-    columns = Conversion.__table__.c
-    values = {
-        "id": conversion_id,
-        "brand_id": brand_id,
-        "idempotency_key": idempotency_key,
-        "event_type": postback.event_type,
-        "click_id": postback.click_id,
-        "link_code": postback.link_code,
-        "value_minor": postback.value_minor,
-        "currency": postback.currency,
-        "metadata": postback.metadata,
-        "attributed": postback.attributed,
-        "created_at": now,
-    }
-    link = TrackedLink.__table__.c
-    source = select(
-        *(literal(value, columns[name].type).label(name) for name, value in values.items()),
-        link.id.label("link_id"),
-        link.campaign_id,
-        link.deal_id,
-    )
-    # The link must be the calling brand's (rule 1); an unknown code, or another brand's,
-    # joins nothing and the conversion is stored unattributed to any link (rule 3).
-    on_brand_link = and_(link.brand_id == brand_id, link.code == postback.link_code)
-    if claim is not None:
-        source = source.select_from(claim.outerjoin(TrackedLink.__table__, on_brand_link))
-    else:
-        one_row = select(literal(1).label("one")).subquery("one_row")
-        source = source.select_from(one_row.outerjoin(TrackedLink.__table__, on_brand_link))
-    # SQLite needs the WHERE to tell an upsert's ON from a join's.
-    source = source.where(taken)
-    return (
-        insert(Conversion.__table__)
-        .from_select([*values, "link_id", "campaign_id", "deal_id"], source)
-        .on_conflict_do_nothing(index_elements=["brand_id", "idempotency_key"])
-        .returning(columns.link_id, columns.campaign_id, columns.deal_id)
-    )
 
 
 def _stored(brand_id: str, idempotency_key: str) -> Conversion:
@@ -213,19 +164,99 @@ def _stored(brand_id: str, idempotency_key: str) -> Conversion:
     return conversion
 
 
-def _count_on_link(link_id: str, postback: Postback) -> None:
-    """Raise the link's counters atomically. A conversion in another currency than the link's
-    is counted, but its value is not added: there is no rate to convert it at."""
-    link = TrackedLink.__table__.c
-    db.session.execute(
-        update(TrackedLink.__table__)
-        .where(link.id == link_id)
-        .values(
-            conversions=link.conversions + 1,
-            conversion_value_minor=link.conversion_value_minor
-            + case((link.currency == postback.currency, postback.value_minor), else_=0),
+# The statements of a new postback are built once: building and caching a statement per
+# request cost more CPU than running it (every round trip and every millisecond shows in
+# bench/postbacks.py).
+
+_conversions = Conversion.__table__.c
+_links = TrackedLink.__table__.c
+# (column, Conversion attribute) of what the INSERT takes from the request.
+_INSERTED = (
+    ("id", "id"),
+    ("brand_id", "brand_id"),
+    ("idempotency_key", "idempotency_key"),
+    ("event_type", "event_type"),
+    ("click_id", "click_id"),
+    ("link_code", "link_code"),
+    ("value_minor", "value_minor"),
+    ("currency", "currency"),
+    ("metadata", "details"),
+    ("attributed", "attributed"),
+    ("created_at", "created_at"),
+)
+
+
+def _take_key_and_insert(claim, taken, insert):
+    """One statement: take the key, look up the link, insert the conversion (one round trip).
+
+    It returns a row (link_id, campaign_id, deal_id) when this request took the key and
+    inserted; no row when the key was in flight elsewhere or its conversion already exists.
+    """
+    source = select(
+        # Named apart from the columns, which Core reserves for an INSERT's own VALUES.
+        *(bindparam(f"new_{name}", type_=_conversions[name].type) for name, _ in _INSERTED),
+        _links.id,
+        _links.campaign_id,
+        _links.deal_id,
+    ).select_from(
+        # The link must be the calling brand's (rule 1); an unknown code, or another brand's,
+        # joins nothing and the conversion is stored on no link (rule 3).
+        claim.outerjoin(
+            TrackedLink.__table__,
+            and_(
+                _links.brand_id == bindparam("new_brand_id"),
+                _links.code == bindparam("new_link_code"),
+            ),
         )
     )
+    # SQLite also needs this WHERE to tell an upsert's ON from a join's.
+    source = source.where(taken)
+    return (
+        insert(Conversion.__table__)
+        .from_select(
+            [*(name for name, _ in _INSERTED), "link_id", "campaign_id", "deal_id"], source
+        )
+        .on_conflict_do_nothing(index_elements=["brand_id", "idempotency_key"])
+        .returning(_conversions.link_id, _conversions.campaign_id, _conversions.deal_id)
+    )
+
+
+def _postgresql_claim():
+    """Take the key's advisory lock without waiting, and bound this transaction by the
+    in-flight window: a hung request is ended by the database when the window has passed."""
+    window = bindparam("window_ms", type_=Text)
+    return select(
+        func.pg_try_advisory_xact_lock(bindparam("lock_id", type_=BigInteger)).label("taken"),
+        func.set_config("statement_timeout", window, True).label("statement_limit"),
+        func.set_config("idle_in_transaction_session_timeout", window, True).label("idle_limit"),
+    ).cte("claim")
+
+
+_postgresql_key = _postgresql_claim()
+_TAKE_KEY_AND_INSERT_POSTGRESQL = _take_key_and_insert(
+    _postgresql_key, _postgresql_key.c.taken, postgresql.insert
+)
+# SQLite serializes writers: there is nothing to claim, only a row to join the link to.
+_TAKE_KEY_AND_INSERT_SQLITE = _take_key_and_insert(
+    select(literal(1).label("one")).subquery("one_row"), true(), sqlite.insert
+)
+# A conversion in another currency than the link's is counted, but its value is not added:
+# there is no rate to convert it at.
+_COUNT_ON_LINK = (
+    update(TrackedLink.__table__)
+    .where(_links.id == bindparam("link_id"))
+    .values(
+        conversions=_links.conversions + 1,
+        conversion_value_minor=_links.conversion_value_minor
+        + case(
+            (
+                _links.currency == bindparam("conversion_currency"),
+                bindparam("conversion_value_minor"),
+            ),
+            else_=0,
+        ),
+    )
+)
 
 
 def _lock_id(brand_id: str, idempotency_key: str) -> int:
