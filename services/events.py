@@ -10,7 +10,7 @@ the deliveries are still in the database, due, and the worker's sweeper finds th
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -92,8 +92,7 @@ def publish_event(
         delivered = connection.execute(
             _PUBLISH_ON_POSTGRESQL, event_row | {"delivery_id_base": new_id("whd")}
         ).all()
-        endpoint_ids = [row.endpoint_id for row in delivered]
-        db.session.info.setdefault(WAKE_AFTER_COMMIT, set()).update(endpoint_ids)
+        _wake_after_commit(row.endpoint_id for row in delivered)
         return PublishedEvent(event=event, delivery_ids=[row.id for row in delivered])
     connection.execute(_INSERT_EVENT, event_row)
     endpoints = connection.execute(_OPEN_ENDPOINTS, {"brand_id": brand_id})
@@ -138,8 +137,13 @@ def _add_deliveries(
                 for delivery_id, endpoint_id in zip(delivery_ids, endpoint_ids, strict=True)
             ],
         )
-    db.session.info.setdefault(WAKE_AFTER_COMMIT, set()).update(endpoint_ids)
+    _wake_after_commit(endpoint_ids)
     return delivery_ids
+
+
+def _wake_after_commit(endpoint_ids: Iterable[str]) -> None:
+    """Note the endpoints whose drain `workers.dispatch` queues once the transaction commits."""
+    db.session.info.setdefault(WAKE_AFTER_COMMIT, set()).update(endpoint_ids)
 
 
 def _receiving(endpoints, name: str, only_endpoint_ids: Collection[str] | None) -> list[str]:
