@@ -19,9 +19,8 @@ from models.money import CURRENCIES, NGN
 from schemas.base import ApiSchema, Label, ResourceId, Timestamp, currency_field, money
 from schemas.campaigns import CAMPAIGN_ID_EXAMPLE
 from schemas.deals import DEAL_ID_EXAMPLE
-from schemas.envelope import PageQuerySchema
+from schemas.envelope import SortedPageQuerySchema
 from services import credentials
-from services.records import ASCENDING, DESCENDING
 
 IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
 METADATA_MAX_BYTES = 8 * 1024
@@ -238,7 +237,7 @@ class ConversionListSchema(ApiSchema):
     )
 
 
-class ConversionQuerySchema(PageQuerySchema):
+class ConversionQuerySchema(SortedPageQuerySchema):
     event_type = fields.String(
         validate=validate.Length(min=1, max=EVENT_TYPE_MAX_LENGTH),
         metadata={"description": "Exact `eventType`."},
@@ -251,9 +250,4 @@ class ConversionQuerySchema(PageQuerySchema):
     deal_id = ResourceId("deal", "deal")
     attributed = fields.Boolean(
         metadata={"description": "`true` or `false`: whether a `linkCode` or `clickId` came."}
-    )
-    sort_order = fields.String(
-        load_default=DESCENDING,
-        validate=validate.OneOf((ASCENDING, DESCENDING)),
-        metadata={"description": "By recording time; default `desc`, newest first."},
     )

@@ -10,6 +10,7 @@ from marshmallow import Schema, fields, validate
 
 from schemas.base import ApiSchema
 from services.pagination import DEFAULT_LIMIT, MAX_LIMIT, MAX_PAGE
+from services.records import ASCENDING, DESCENDING
 
 ERROR_CODES = (
     "VALIDATION_ERROR",
@@ -37,6 +38,16 @@ class PageQuerySchema(ApiSchema):
         load_default=DEFAULT_LIMIT,
         validate=validate.Range(min=1, max=MAX_LIMIT),
         metadata={"description": f"Page size, 1-{MAX_LIMIT}; default {DEFAULT_LIMIT}."},
+    )
+
+
+class SortedPageQuerySchema(PageQuerySchema):
+    """A list that also takes `sortOrder` (the delivery log, stored conversions)."""
+
+    sort_order = fields.String(
+        load_default=DESCENDING,
+        validate=validate.OneOf((ASCENDING, DESCENDING)),
+        metadata={"description": "By creation time; default `desc`, newest first."},
     )
 
 

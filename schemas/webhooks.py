@@ -6,10 +6,9 @@ from marshmallow import fields, validate
 
 from models.webhook_delivery import DELIVERY_STATUSES, RESPONSE_BODY_MAX_BYTES
 from schemas.base import ApiSchema, Timestamp
-from schemas.envelope import PageQuerySchema
+from schemas.envelope import SortedPageQuerySchema
 from services.endpoint_urls import URL_MAX_LENGTH
 from services.event_catalog import DEFAULT_SUBSCRIPTION, EVENT_NAMES
-from services.records import ASCENDING, DESCENDING
 
 ENDPOINT_ID_EXAMPLE = "whe_01jd3kr7s9t1v3w5x7y9z1a3b5"
 DELIVERY_ID_EXAMPLE = "whd_01jd3kt0v2w4x6y8z0a2b4c6d8"
@@ -185,17 +184,12 @@ class DeliveryDetailSchema(DeliverySchema):
     )
 
 
-class DeliveryQuerySchema(PageQuerySchema):
+class DeliveryQuerySchema(SortedPageQuerySchema):
     status = fields.String(validate=validate.OneOf(DELIVERY_STATUSES))
     event_name = fields.String(validate=validate.OneOf(EVENT_NAMES))
     endpoint_id = fields.String(
         validate=validate.Length(min=1, max=64),
         metadata={"description": "Only this endpoint's deliveries."},
-    )
-    sort_order = fields.String(
-        load_default=DESCENDING,
-        validate=validate.OneOf((ASCENDING, DESCENDING)),
-        metadata={"description": "By creation time; default `desc`, newest first."},
     )
 
 
