@@ -4,9 +4,9 @@ a time by `flask demo simulate`.
 
 Kola Naturals sells shea butter and skincare in Nigeria and to the diaspora in the US. Its month
 has campaigns in every state, deals in every status, escrow held, released and refunded, links
-with clicks and the sales its partner reported through postbacks, and placements verified and
-not, in NGN and USD. The story is fixed (click counts
-come from a seeded generator), so every seed looks alike and tests can rely on its shape.
+with clicks and the sales its shop reported through postbacks, and placements verified and not,
+in NGN and USD. The story is fixed (click counts come from a seeded generator), so every seed
+looks alike and tests can rely on its shape.
 """
 
 from __future__ import annotations
