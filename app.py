@@ -12,6 +12,7 @@ from werkzeug.exceptions import RequestEntityTooLarge
 
 import models  # noqa: F401 - registers every model with the metadata before migrations read it
 from blueprints.api import API_PREFIX, register_routes
+from blueprints.dashboard import register_dashboard
 from blueprints.envelope import REQUEST_ID_HEADER, request_id
 from blueprints.errors import register_error_handlers
 from blueprints.system import system
@@ -51,6 +52,7 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
     db.init_app(app)
     migrate.init_app(app, db, directory=os.path.join(app.root_path, "migrations"))
     app.register_blueprint(register_routes())
+    app.register_blueprint(register_dashboard())
     app.register_blueprint(system)
     register_error_handlers(app)
     register_commands(app)
@@ -87,10 +89,11 @@ def _start_request() -> None:
         raise RequestEntityTooLarge()
 
 
-# The pages served today load only the app's own stylesheet; nothing may frame or sniff them.
+# Pages load only the app's own scripts and stylesheets (htmx is vendored under static/), talk
+# only to the app, and nothing may frame or sniff them: no inline script or style anywhere.
 CONTENT_SECURITY_POLICY = (
-    "default-src 'none'; style-src 'self'; img-src 'self' data:; "
-    "base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
 )
 
 

@@ -111,10 +111,14 @@ def _wants_html() -> bool:
     """A browser asking for a page outside the JSON API gets HTML; everything else JSON."""
     if request.path.startswith("/api/") or request.path in {"/healthz", "/readyz"}:
         return False
+    if request.path.startswith("/dashboard"):
+        return True
     best = request.accept_mimetypes.best_match(["application/json", "text/html"])
     return best == "text/html"
 
 
 def _html_error(status: int, message: str, headers: dict | None = None):
-    body = render_template("error.html", status=status, message=message, request_id=request_id())
+    # htmx asked for a fragment: the dashboard's script shows this one as a notice.
+    template = "dashboard/_error.html" if request.headers.get("HX-Request") else "error.html"
+    body = render_template(template, status=status, message=message, request_id=request_id())
     return body, status, headers or {}

@@ -129,6 +129,24 @@ def find_key_by_secret(secret: str) -> tuple[ActiveKey | None, bool]:
     return key, row.revoked_at is not None
 
 
+def find_key_by_id(key_id: str) -> tuple[ActiveKey | None, bool]:
+    """Look a key up by id (a dashboard session names its key so): `(key, revoked)`."""
+    row = db.session.execute(
+        select(
+            ApiKey.id, ApiKey.brand_id, ApiKey.scopes, ApiKey.revoked_at, ApiKey.last_used_at
+        ).where(ApiKey.id == key_id)
+    ).first()
+    if row is None:
+        return None, False
+    key = ActiveKey(
+        id=row.id,
+        brand_id=row.brand_id,
+        scopes=frozenset(row.scopes),
+        last_used_at=row.last_used_at,
+    )
+    return key, row.revoked_at is not None
+
+
 def record_key_use(key: ActiveKey, now: datetime) -> None:
     """Move lastUsedAt forward when it is older than the resolution.
 

@@ -7,7 +7,7 @@ from datetime import datetime
 
 from models.columns import utcnow
 from services import credentials
-from services.api_keys import READ, WRITE, find_key_by_secret, record_key_use
+from services.api_keys import READ, WRITE, find_key_by_id, find_key_by_secret, record_key_use
 from services.bootstrap_tokens import find_valid_bootstrap_token
 from services.errors import Forbidden, Unauthorized
 
@@ -47,6 +47,21 @@ def authenticate_api_key(secret: str | None, *, now: datetime | None = None) -> 
         raise Unauthorized("Invalid API key")
     if revoked:
         raise Unauthorized("This API key has been revoked")
+    record_key_use(key, now or utcnow())
+    return Caller(brand_id=key.brand_id, scopes=key.scopes, key_id=key.id)
+
+
+def authenticate_key_id(key_id: str | None, *, now: datetime | None = None) -> Caller:
+    """A dashboard session keeps its key's id, never the secret; the key is checked again on
+    every request, so revoking it signs its sessions out at once.
+
+    :raise Unauthorized: no key id, or the key is unknown or revoked.
+    """
+    if not key_id:
+        raise Unauthorized("Sign in with an API key")
+    key, revoked = find_key_by_id(key_id)
+    if key is None or revoked:
+        raise Unauthorized("The API key of this session was revoked; sign in again")
     record_key_use(key, now or utcnow())
     return Caller(brand_id=key.brand_id, scopes=key.scopes, key_id=key.id)
 

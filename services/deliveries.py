@@ -7,11 +7,11 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 
 from extensions import db
 from models import WebhookAttempt, WebhookDelivery, WebhookEndpoint, WebhookEvent
-from models.webhook_delivery import FAILED, PENDING
+from models.webhook_delivery import DELIVERY_STATUSES, FAILED, PENDING
 from services.errors import NotFound
 from services.events import deliver_again
 from services.pagination import Page, paginate
@@ -49,6 +49,19 @@ def list_deliveries(
     return paginate(
         in_creation_order(statement, WebhookDelivery, sort_order), page=page, limit=limit
     )
+
+
+def count_deliveries_by_status(brand_id: str, *, since: datetime) -> dict[str, int]:
+    """How many of the brand's deliveries created since `since` are in each status (every status
+    present, zero included)."""
+    rows = db.session.execute(
+        select(WebhookDelivery.status, func.count())
+        .where(WebhookDelivery.brand_id == brand_id, WebhookDelivery.created_at >= since)
+        .group_by(WebhookDelivery.status)
+    )
+    counts = dict.fromkeys(DELIVERY_STATUSES, 0)
+    counts.update({status: count for status, count in rows})
+    return counts
 
 
 def get_delivery(brand_id: str, delivery_id: str) -> WebhookDelivery:

@@ -1,0 +1,28 @@
+"""The developer dashboard at /dashboard (CONTRACT section 7): server-rendered pages with htmx.
+
+Like the JSON API it only parses input, calls the services, and renders; every rule it applies
+is the same function the API calls. Each page module adds its routes to `dashboard`.
+"""
+
+from flask import Blueprint
+
+DASHBOARD_PREFIX = "/dashboard"
+
+dashboard = Blueprint(
+    "dashboard", __name__, url_prefix=DASHBOARD_PREFIX, template_folder="../../templates"
+)
+
+
+def register_dashboard() -> Blueprint:
+    # Imported for their side effect of adding routes; kept here so the page table is one list.
+    from blueprints.dashboard import (  # noqa: F401
+        deliveries,
+        endpoints,
+        events,
+        keys,
+        overview,
+        records,
+        sign_in,
+    )
+
+    return dashboard

@@ -1,0 +1,52 @@
+"""How dashboard views answer: a whole page, or for htmx the fragment it asked for; and how
+form input is read through the same marshmallow schemas as the JSON API."""
+
+from __future__ import annotations
+
+from flask import render_template, request
+from marshmallow import Schema, ValidationError, fields
+
+from blueprints.api.operations import flatten_errors
+from blueprints.dashboard.session import is_htmx
+from services.errors import ValidationFailed
+
+
+def render(page: str, *, fragment: str | None = None, status: int = 200, **context):
+    """`page` for a browser navigating; `fragment` (a template the page includes) for htmx,
+    followed by the flash messages, which htmx swaps into the page's flash region."""
+    if fragment is None or not is_htmx():
+        return render_template(page, **context), status
+    body = render_template(fragment, **context) + render_template(
+        "dashboard/_flashes.html", oob=True
+    )
+    return body, status
+
+
+def load_form(schema: Schema) -> dict:
+    """The form's fields as the schema loads them: a list field from its repeated inputs
+    (checkboxes; none ticked is an empty list), any other field as its single value when sent.
+
+    :raise ValidationFailed: with the API's per-field errors.
+    """
+    data = {}
+    for name, field in schema.fields.items():
+        key = field.data_key or name
+        if isinstance(field, fields.List):
+            data[key] = request.form.getlist(key)
+        elif key in request.form:
+            data[key] = request.form[key]
+    return load(schema, data)
+
+
+def load_query(schema: Schema) -> dict:
+    """Query parameters through the API's query schema; empty values mean 'not given'."""
+    return load(schema, {k: v for k, v in request.args.items() if v != ""})
+
+
+def load(schema: Schema, data: dict) -> dict:
+    try:
+        return schema.load(data)
+    except ValidationError as error:
+        raise ValidationFailed(
+            "Please correct the highlighted fields", flatten_errors(error.messages)
+        ) from None

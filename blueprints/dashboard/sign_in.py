@@ -1,0 +1,90 @@
+"""Signing in and out: with an API key, or with brand id + bootstrap token to mint the first key
+(CONTRACT section 7)."""
+
+from __future__ import annotations
+
+from flask import flash, redirect, request, url_for
+
+from blueprints.dashboard import dashboard
+from blueprints.dashboard.rendering import load_form, render
+from blueprints.dashboard.session import end_session, safe_next, start_session
+from extensions import db
+from schemas.api_keys import IssuedApiKeySchema
+from schemas.dashboard import BootstrapSignInSchema
+from services.api_keys import create_api_key
+from services.authentication import (
+    Caller,
+    authenticate_api_key,
+    authenticate_bootstrap_token,
+    authorize,
+)
+from services.errors import Forbidden, NotFound, Unauthorized, ValidationFailed
+
+_issued_key = IssuedApiKeySchema()
+_bootstrap_form = BootstrapSignInSchema()
+
+
+@dashboard.get("/sign-in")
+def sign_in():
+    return render("dashboard/sign_in.html", next=request.args.get("next", ""))
+
+
+@dashboard.post("/sign-in")
+def sign_in_with_key():
+    secret = request.form.get("apiKey", "").strip()
+    next_page = request.form.get("next", "")
+    try:
+        caller = authenticate_api_key(secret)
+    except Unauthorized as error:
+        db.session.rollback()
+        return render("dashboard/sign_in.html", status=401, error=error.message, next=next_page)
+    db.session.commit()  # the key's lastUsedAt
+    start_session(caller)
+    return redirect(safe_next(next_page), code=303)
+
+
+@dashboard.get("/first-key")
+def first_key():
+    return render("dashboard/first_key.html", form={}, errors={})
+
+
+@dashboard.post("/first-key")
+def create_first_key():
+    """Mint a key with the bootstrap token support issued, sign in with it, show it once."""
+    form = request.form.to_dict()
+    form.pop("bootstrapToken", None)  # a credential: never rendered back into the page
+    try:
+        fields = load_form(_bootstrap_form)
+        caller = authenticate_bootstrap_token(fields["bootstrap_token"])
+        authorize(caller, fields["brand_id"], None)
+        issued = create_api_key(
+            brand_id=fields["brand_id"],
+            name=fields["name"],
+            scopes=fields["scopes"],
+            created_by=caller.actor,
+        )
+    except ValidationFailed as error:
+        db.session.rollback()
+        return render(
+            "dashboard/first_key.html",
+            status=400,
+            form=form,
+            errors=error.errors,
+            error=error.message,
+        )
+    except (Unauthorized, Forbidden, NotFound) as error:
+        db.session.rollback()
+        return render(
+            "dashboard/first_key.html", status=401, form=form, errors={}, error=error.message
+        )
+    key = _issued_key.dump(issued)
+    db.session.commit()
+    start_session(Caller(brand_id=issued.record.brand_id, scopes=frozenset(), key_id=key["id"]))
+    return render("dashboard/first_key_issued.html", status=201, key=key)
+
+
+@dashboard.post("/sign-out")
+def sign_out():
+    end_session()
+    flash("Signed out.", "info")
+    return redirect(url_for("dashboard.sign_in"), code=303)

@@ -1,0 +1,65 @@
+// The dashboard's only script besides htmx: copy buttons and error notices. Loaded from
+// static/ like htmx itself (the CSP allows no inline script).
+(function () {
+  "use strict";
+
+  function showToast(text) {
+    var toast = document.getElementById("toast");
+    if (!toast) return;
+    toast.textContent = text;
+    toast.hidden = false;
+    clearTimeout(showToast.timer);
+    showToast.timer = setTimeout(function () { toast.hidden = true; }, 8000);
+  }
+
+  // Copy buttons: data-copy holds the text. The label confirms, then returns.
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest("[data-copy]");
+    if (!button) return;
+    var text = button.getAttribute("data-copy");
+    var done = function () {
+      var label = button.textContent;
+      button.textContent = "Copied";
+      setTimeout(function () { button.textContent = label; }, 1500);
+    };
+    if (navigator.clipboard && window.isSecureContext) {
+      navigator.clipboard.writeText(text).then(done, function () { showToast("Copy failed: select the text and copy it."); });
+    } else {
+      var area = document.createElement("textarea");
+      area.value = text;
+      area.setAttribute("readonly", "");
+      area.className = "visually-hidden";
+      document.body.appendChild(area);
+      area.select();
+      try { document.execCommand("copy"); done(); } catch (e) { showToast("Copy failed: select the text and copy it."); }
+      document.body.removeChild(area);
+    }
+  });
+
+  // htmx swaps no 4xx/5xx answer: show the server's message instead of doing nothing.
+  document.addEventListener("htmx:responseError", function (event) {
+    var xhr = event.detail.xhr;
+    var text = "";
+    try {
+      var doc = new DOMParser().parseFromString(xhr.responseText, "text/html");
+      text = (doc.body && doc.body.textContent || "").trim();
+    } catch (e) { /* fall through */ }
+    showToast(text || ("The request failed (HTTP " + xhr.status + ")."));
+  });
+  document.addEventListener("htmx:sendError", function () {
+    showToast("The dashboard cannot reach the server; check your connection and retry.");
+  });
+
+  // Tabs (verification snippets): buttons with aria-controls show one panel of their group.
+  document.addEventListener("click", function (event) {
+    var tab = event.target.closest("[role=tab]");
+    if (!tab) return;
+    var list = tab.closest("[role=tablist]");
+    list.querySelectorAll("[role=tab]").forEach(function (other) {
+      var selected = other === tab;
+      other.setAttribute("aria-selected", selected ? "true" : "false");
+      var panel = document.getElementById(other.getAttribute("aria-controls"));
+      if (panel) panel.hidden = !selected;
+    });
+  });
+})();
