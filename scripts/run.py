@@ -372,6 +372,7 @@ def announce(port: int, redis_url: str, embedded: bool) -> None:
         "\n".join(
             [
                 "",
+                f"  Dashboard  {base}/dashboard",
                 f"  API base   {base}/api/v1",
                 f"  API docs   {base}/docs",
                 f"  Redis      {redis_note}",
