@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint install clean
+.PHONY: run test lint install screenshots clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
@@ -22,6 +22,10 @@ run: $(STAMP)
 ## make test: the whole suite (PostgreSQL and Redis when reachable, else SQLite and embedded Redis)
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+## make screenshots: rerun the browser tests and save docs/screenshots/*.png (needs Chromium)
+screenshots: $(STAMP)
+	BRAND_SCREENSHOTS=docs/screenshots $(BIN)/python -m pytest tests/test_dashboard_browser.py $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

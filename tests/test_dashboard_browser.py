@@ -1,0 +1,347 @@
+"""The dashboard in a real browser (headless Chromium, see tests/browser.py) against a real
+gunicorn server, a real `flask worker` and a real receiver: what a developer does and sees,
+from the bootstrap token to being signed out by revoking their key.
+
+BRAND_SCREENSHOTS=docs/screenshots also saves a screenshot of every main page (of the demo
+workspace) there; CI leaves it unset, so it never rewrites the committed ones.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+import requests
+from sqlalchemy import func, select
+
+from extensions import db
+from models import Brand, WebhookDelivery
+from services.api_keys import create_api_key
+from services.demo import seed_demo_workspace
+from services.demo_simulation import simulate_step
+from services.endpoint_urls import UrlPolicy
+from services.webhook_endpoints import register_endpoint
+from tests.browser import (
+    LAPTOP,
+    PHONE,
+    Problems,
+    launched_chromium,
+    require_browser,
+    screenshot_folder,
+)
+from tests.receiver import Receiver, Reply
+from tests.server_process import ServerProcess
+from tests.worker_process import WorkerProcess
+
+try:
+    from playwright.sync_api import expect
+except ImportError:  # require_browser() says why the tests cannot run, or fails under CI
+    expect = None
+
+API_KEY = re.compile(r"svc_live_[0-9A-Za-z]{20,}")
+SIGNING_SECRET = re.compile(r"whsec_[0-9A-Za-z]{20,}")
+SIGN_IN_URL = re.compile(r"/dashboard/sign-in(\?.*)?$")
+# Long enough for the worker to pick a delivery up and the page's polling to show it.
+SETTLE_MS = 20_000
+
+
+@dataclass
+class Live:
+    server: ServerProcess
+    worker: WorkerProcess
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator:
+    require_browser()
+    with launched_chromium() as chromium:
+        yield chromium
+
+
+@pytest.fixture(scope="module")
+def live(browser, app, app_environ) -> Iterator[Live]:
+    """One gunicorn server and one worker on the run's database and Redis, for the module."""
+    server = ServerProcess(app_environ, workers=1, threads=4)
+    try:
+        worker = WorkerProcess(app_environ)
+    except BaseException:
+        server.stop()
+        raise
+    yield Live(server, worker)
+    worker.stop()
+    server.stop()
+
+
+@pytest.fixture
+def problems() -> Problems:
+    return Problems()
+
+
+@pytest.fixture
+def context(browser, live, problems) -> Iterator:
+    """A fresh browser profile at laptop size; no console error may happen in it."""
+    context = browser.new_context(viewport=LAPTOP, base_url=live.url)
+    context.set_default_timeout(10_000)
+    problems.watch(context)
+    yield context
+    context.close()
+    assert problems.seen == [], "the browser reported problems:\n" + "\n".join(problems.seen)
+
+
+def sign_in_with_key(page, secret: str) -> None:
+    page.goto("/dashboard/sign-in")
+    page.get_by_label("API key").fill(secret)
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_role("navigation", name="Dashboard")).to_be_visible()
+
+
+def mark_document(page) -> None:
+    """Set a marker on this document; it is gone after any navigation or reload."""
+    page.evaluate("window.__sameDocument = true")
+
+
+def assert_same_document(page) -> None:
+    assert page.evaluate("window.__sameDocument === true"), "the page was reloaded"
+
+
+def api_get(live: Live, path: str, secret: str) -> requests.Response:
+    return requests.get(f"{live.url}/api/v1{path}", headers={"X-Api-Key": secret}, timeout=10)
+
+
+# --- the whole flow --------------------------------------------------------------------------
+
+
+def test_a_developer_goes_from_bootstrap_token_to_signed_webhooks_and_revokes_their_key(
+    live, context, make_brand, make_bootstrap_token, receiver
+):
+    brand_id = make_brand("Acme Foods")
+    token = make_bootstrap_token(brand_id)
+    page = context.new_page()
+
+    # Signed out, the dashboard asks to sign in; a bootstrap token makes the first key.
+    page.goto("/dashboard/")
+    expect(page).to_have_url(SIGN_IN_URL)
+    expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
+    page.get_by_role("link", name="create your brand's first key").click()
+    expect(page.get_by_role("heading", name="Create your first API key")).to_be_visible()
+    page.get_by_label("Brand id").fill(brand_id)
+    page.get_by_label("Bootstrap token").fill(token)
+    page.get_by_role("button", name="Create key and sign in").click()
+
+    # The secret, once, with a warning and a copy button; the session is signed in with it.
+    expect(page.get_by_role("heading", name="Key “dashboard” created")).to_be_visible()
+    shown = page.get_by_role("group", name="API key")
+    expect(shown.get_by_text("It is shown this once")).to_be_visible()
+    expect(shown.get_by_role("button", name="Copy")).to_be_visible()
+    secret = shown.get_by_text(API_KEY).inner_text().strip()
+    assert API_KEY.fullmatch(secret), secret
+    assert api_get(live, f"/brand/{brand_id}/api-key/fetch-keys", secret).status_code == 200
+
+    page.get_by_role("link", name="I stored it: continue to the dashboard").click()
+    expect(page.get_by_role("heading", name="Acme Foods")).to_be_visible()
+    expect(page.get_by_text("read + write")).to_be_visible()
+
+    # The keys page lists the key by its prefix, and never shows the secret again.
+    page.get_by_role("navigation", name="Dashboard").get_by_role("link", name="API keys").click()
+    expect(page.get_by_role("heading", name="API keys", exact=True)).to_be_visible()
+    own_row = page.get_by_role("row").filter(has_text="this session")
+    expect(own_row).to_contain_text(secret[:12])
+    assert secret not in page.content()
+    page.reload()
+    expect(own_row).to_be_visible()
+    assert secret not in page.content()
+
+    register_endpoint_and_watch_a_test_ping(live, page, receiver)
+
+    # Revoking the session's own key, after confirming, signs the session out at once.
+    page.goto("/dashboard/keys")
+    dialogs: list[str] = []
+
+    def confirm(dialog) -> None:
+        dialogs.append(dialog.message)
+        dialog.accept()
+
+    page.once("dialog", confirm)
+    own_row.get_by_role("button", name="Revoke").click()
+    expect(page).to_have_url(SIGN_IN_URL)
+    assert len(dialogs) == 1 and "this session ends" in dialogs[0], dialogs
+    expect(page.get_by_text("You revoked the key this session signed in with")).to_be_visible()
+    page.goto("/dashboard/keys")
+    expect(page).to_have_url(SIGN_IN_URL)
+    expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
+    expect(page.get_by_role("navigation", name="Dashboard")).to_have_count(0)
+    assert api_get(live, f"/brand/{brand_id}/api-key/fetch-keys", secret).status_code == 401
+
+
+def register_endpoint_and_watch_a_test_ping(live: Live, page, receiver: Receiver) -> None:
+    """Placeholder until the endpoint and delivery pages land."""
+
+
+# --- a phone, and the console watch itself -----------------------------------------------------
+
+
+_WIDER_THAN_THE_PAGE = """() => {
+  // The elements whose right edge makes the page as wide as it is.
+  const edge = document.documentElement.scrollWidth - 1;
+  return [...document.body.querySelectorAll("*")]
+    .filter((el) => el.getBoundingClientRect().right >= edge)
+    .slice(-5)
+    .map((el) => `${el.tagName.toLowerCase()}.${el.className}`);
+}"""
+
+
+def assert_no_sideways_scroll(page) -> None:
+    """The page itself never scrolls sideways; a table may, inside its card."""
+    overflow = page.evaluate(
+        "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+    )
+    assert overflow <= 0, f"{page.url} scrolls {overflow} px sideways; too wide: " + ", ".join(
+        page.evaluate(_WIDER_THAN_THE_PAGE)
+    )
+
+
+def test_on_a_phone_the_nav_works_and_only_tables_scroll_sideways(
+    browser, live, problems, brand, write_key
+):
+    context = browser.new_context(viewport=PHONE, base_url=live.url, is_mobile=True, has_touch=True)
+    problems.watch(context)
+    try:
+        page = context.new_page()
+        sign_in_with_key(page, write_key)
+        expect(page.get_by_role("heading", name="Acme Foods")).to_be_visible()
+        assert_no_sideways_scroll(page)
+        nav = page.get_by_role("navigation", name="Dashboard")
+        # The nav is one row across the top; its last link is reachable and works by touch.
+        nav_box = nav.bounding_box()
+        assert nav_box is not None and nav_box["width"] <= PHONE["width"]
+        nav.get_by_role("link", name="API keys").tap()
+        expect(page.get_by_role("heading", name="API keys", exact=True)).to_be_visible()
+        assert_no_sideways_scroll(page)
+        nav.get_by_role("link", name="Events").tap()
+        expect(page).to_have_url(re.compile(r"/dashboard/events$"))
+        assert_no_sideways_scroll(page)
+    finally:
+        context.close()
+    assert problems.seen == [], "the browser reported problems:\n" + "\n".join(problems.seen)
+
+
+def test_the_console_watch_reports_a_csp_violation(browser, live):
+    """The flows above assert that the console stays clean; that check must be able to fail."""
+    watched = Problems()
+    context = browser.new_context(base_url=live.url)
+    watched.watch(context)
+    try:
+        page = context.new_page()
+        page.goto("/dashboard/sign-in")
+        page.evaluate(
+            "document.body.insertAdjacentHTML('beforeend', '<p style=\"color:red\">x</p>')"
+        )
+        page.wait_for_timeout(200)
+    finally:
+        context.close()
+    assert any("CSP violation: style-src" in problem for problem in watched.seen), watched.seen
+
+
+# --- screenshots of the demo workspace ------------------------------------------------------
+
+
+def test_every_main_page_shows_the_demo_workspace(browser, live, context, app, receiver):
+    """The demo workspace (`flask demo seed`), an endpoint at the receiver and a few simulated
+    steps: every page renders it in the browser with a clean console. With BRAND_SCREENSHOTS
+    set, each page is saved there."""
+    folder = screenshot_folder()
+    with app.app_context():
+        workspace = seed_demo_workspace()
+        db.session.commit()
+        brand_id, token = workspace.brand.id, workspace.bootstrap_token
+        create_api_key(
+            brand_id=brand_id, name="orders-service", scopes=("read", "write"), created_by="tests"
+        )
+        issued = register_endpoint(
+            brand_id=brand_id,
+            url=receiver.url,
+            events=None,
+            policy=UrlPolicy(https_only=False, allow_local=True),
+        )
+        receiver.secrets.append(issued.signing_secret)
+        db.session.commit()
+    # Some attempts fail, so the log shows retries and a failure beside the deliveries.
+    receiver.reply_with(Reply(status=500, body=b"upstream timeout"), Reply(status=503))
+    with app.app_context():
+        for _ in range(6):
+            simulate_step(brand_id=brand_id)
+            db.session.commit()
+    wait_until_settled(app, brand_id)
+
+    def shoot(page, name: str, **options) -> None:
+        if folder is not None:
+            page.screenshot(path=folder / f"{name}.png", animations="disabled", **options)
+
+    page = context.new_page()
+    page.goto("/dashboard/sign-in")
+    shoot(page, "sign-in")
+    page.get_by_role("link", name="create your brand's first key").click()
+    page.get_by_label("Brand id").fill(brand_id)
+    page.get_by_label("Bootstrap token").fill(token)
+    page.get_by_role("button", name="Create key and sign in").click()
+    page.get_by_role("link", name="I stored it: continue to the dashboard").click()
+    expect(page.get_by_role("heading", name=workspace_name(app, brand_id))).to_be_visible()
+    shoot(page, "overview")
+
+    nav = page.get_by_role("navigation", name="Dashboard")
+    for label, name in [
+        ("API keys", "keys"),
+        ("Webhook endpoints", "endpoints"),
+        ("Deliveries", "deliveries"),
+        ("Conversions", "conversions"),
+        ("Tracked links", "links"),
+        ("Events", "events"),
+    ]:
+        nav.get_by_role("link", name=label, exact=True).click()
+        expect(page.get_by_role("heading", level=1)).to_be_visible()
+        shoot(page, name)
+
+    phone = browser.new_context(
+        viewport=PHONE,
+        base_url=live.url,
+        is_mobile=True,
+        has_touch=True,
+        storage_state=context.storage_state(),
+    )
+    try:
+        phone_page = phone.new_page()
+        phone_page.goto("/dashboard/")
+        expect(phone_page.get_by_role("heading", level=1)).to_be_visible()
+        assert_no_sideways_scroll(phone_page)
+        shoot(phone_page, "overview-phone", full_page=True)
+    finally:
+        phone.close()
+
+
+def workspace_name(app, brand_id: str) -> str:
+    with app.app_context():
+        return db.session.get(Brand, brand_id).name
+
+
+def wait_until_settled(app, brand_id: str, timeout: float = 30.0) -> None:
+    """Until no delivery of the brand is pending (the worker retries after 1 s, twice)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with app.app_context():
+            pending = db.session.scalar(
+                select(func.count()).where(
+                    WebhookDelivery.brand_id == brand_id, WebhookDelivery.status == "pending"
+                )
+            )
+            db.session.remove()
+        if not pending:
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"{pending} deliveries still pending after {timeout} s")
