@@ -62,4 +62,21 @@
       if (panel) panel.hidden = !selected;
     });
   });
+
+  // Checkbox groups (an endpoint's events): [data-check=all|none] buttons tick or clear the
+  // boxes of their [data-check-group]. They are rendered hidden, shown here, so a page without
+  // this script offers no button that does nothing.
+  document.addEventListener("htmx:load", function (event) {
+    event.detail.elt.querySelectorAll("[data-check]").forEach(function (button) {
+      button.hidden = false;
+    });
+  });
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest("[data-check]");
+    if (!button) return;
+    var group = button.closest("[data-check-group]");
+    if (!group) return;
+    var checked = button.getAttribute("data-check") === "all";
+    group.querySelectorAll("input[type=checkbox]").forEach(function (box) { box.checked = checked; });
+  });
 })();

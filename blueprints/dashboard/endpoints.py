@@ -1,16 +1,332 @@
-"""Placeholder: being built (dashboard issue 6)."""
+"""Webhook endpoints pages: list and register, and per endpoint its details, edit, disable and
+re-enable, rotate the signing secret, delete, send a test, its latest deliveries and working
+signature-verification snippets (SPEC sections 2-4 and 6, CONTRACT 4 and 6).
+
+Every action calls the service function the JSON route in blueprints/api/webhooks.py calls, with
+the same URL policy; records are the API's response schemas' dumps, so no secret is ever listed.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from urllib.parse import urlsplit
+
+from flask import flash, redirect, request, url_for
 
 from blueprints.dashboard import dashboard
-from blueprints.dashboard.session import signed_in
+from blueprints.dashboard.rendering import load_form, render
+from blueprints.dashboard.session import current_caller, is_htmx, signed_in
+from extensions import db
+from models.columns import utcnow
+from schemas.base import iso_timestamp
+from schemas.webhooks import (
+    DeliverySchema,
+    EndpointRegisterSchema,
+    EndpointSchema,
+    EndpointUpdateSchema,
+    IssuedEndpointSchema,
+    RotatedSecretSchema,
+)
+from services.deliveries import list_deliveries
+from services.errors import ValidationFailed
+from services.event_catalog import DEFAULT_SUBSCRIPTION, EVENT_TYPES, TEST_EVENT
+from services.events import API_VERSION
+from services.signing import (
+    DELIVERY_HEADER,
+    EVENT_HEADER,
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+)
+from services.webhook_endpoints import (
+    TEST_MESSAGE,
+    current_url_policy,
+    delete_endpoint,
+    get_endpoint,
+    list_endpoints,
+    register_endpoint,
+    rotate_signing_secret,
+    send_test_ping,
+    update_endpoint,
+)
+
+RECENT_DELIVERIES = 10
+# Where the snippets' receiver listens when the endpoint URL names no port (behind a proxy
+# that terminates TLS, typically).
+DEFAULT_RECEIVER_PORT = 8000
+
+_endpoints = EndpointSchema(many=True)
+_endpoint = EndpointSchema()
+_issued = IssuedEndpointSchema()
+_rotated = RotatedSecretSchema()
+_deliveries = DeliverySchema(many=True)
+_register_form = EndpointRegisterSchema()
+_update_form = EndpointUpdateSchema()
+
+
+def _event_groups() -> list[tuple[str, list[tuple[str, str]]]]:
+    """The catalogue's events grouped by resource (the part before the dot), in its order."""
+    groups: dict[str, list[tuple[str, str]]] = {}
+    for event in EVENT_TYPES.values():
+        groups.setdefault(event.resource, []).append((event.name, event.description))
+    return list(groups.items())
+
+
+EVENT_GROUPS = _event_groups()
+
+
+# ---- the list and the register form ----
+
+
+def _list_context(**extra) -> dict:
+    brand_id = current_caller().brand_id
+    context = {
+        "endpoints": _endpoints.dump(list_endpoints(brand_id)),
+        "event_groups": EVENT_GROUPS,
+        "test_event": TEST_EVENT,
+        "url_policy": current_url_policy(),
+        "form": {"url": "", "events": list(DEFAULT_SUBSCRIPTION)},
+        "errors": {},
+    }
+    return context | extra
 
 
 @dashboard.get("/endpoints")
 @signed_in()
 def endpoints():
-    return "endpoints"
+    return render("dashboard/endpoints.html", **_list_context())
+
+
+@dashboard.post("/endpoints")
+@signed_in(write=True)
+def create_endpoint():
+    """registerWebhookEndpoint: the signing secret is shown in this answer only."""
+    try:
+        fields = load_form(_register_form)
+        issued = register_endpoint(
+            brand_id=current_caller().brand_id,
+            url=fields["url"],
+            events=fields["events"],
+            policy=current_url_policy(),
+        )
+    except ValidationFailed as error:
+        db.session.rollback()
+        return render(
+            "dashboard/endpoints.html",
+            fragment="dashboard/_endpoint_form.html",
+            status=422,
+            **_list_context(form=_submitted_form(), errors=error.errors),
+        )
+    registered = _issued.dump(issued)
+    db.session.commit()
+    return render(
+        "dashboard/endpoints.html",
+        fragment="dashboard/_endpoint_registered.html",
+        status=201,
+        registered=registered,
+        rows_out_of_band=is_htmx(),
+        **_list_context(),
+    )
+
+
+def _submitted_form() -> dict:
+    return {"url": request.form.get("url", ""), "events": request.form.getlist("events")}
+
+
+# ---- one endpoint ----
+
+
+def _detail_context(record, **extra) -> dict:
+    endpoint = _endpoint.dump(record)
+    context = {
+        "endpoint": endpoint,
+        "deliveries": _recent_deliveries(endpoint["id"]),
+        "snippet": _snippet_values(endpoint, record.brand_id),
+        "event_groups": EVENT_GROUPS,
+        "test_event": TEST_EVENT,
+        "url_policy": current_url_policy(),
+        "form": {"url": endpoint["url"], "events": endpoint["events"]},
+        "errors": {},
+        "rotated": None,
+        "queued": None,
+    }
+    return context | extra
+
+
+def _recent_deliveries(endpoint_id: str) -> list[dict]:
+    page = list_deliveries(
+        brand_id=current_caller().brand_id,
+        page=1,
+        limit=RECENT_DELIVERIES,
+        endpoint_id=endpoint_id,
+    )
+    return _deliveries.dump(page.items)
+
+
+def _load(endpoint_id: str):
+    """The caller's brand's endpoint: another brand's id is NotFound, as in the API."""
+    return get_endpoint(current_caller().brand_id, endpoint_id)
 
 
 @dashboard.get("/endpoints/<endpoint_id>")
 @signed_in()
 def endpoint(endpoint_id: str):
-    return "endpoint"
+    return render("dashboard/endpoint.html", **_detail_context(_load(endpoint_id)))
+
+
+@dashboard.get("/endpoints/<endpoint_id>/deliveries")
+@signed_in()
+def endpoint_deliveries(endpoint_id: str):
+    """The latest deliveries region of the detail page (it polls this while one is pending)."""
+    _load(endpoint_id)
+    if not is_htmx():
+        return redirect(url_for("dashboard.deliveries", endpointId=endpoint_id), code=303)
+    return render(
+        "dashboard/endpoint.html",
+        fragment="dashboard/_endpoint_deliveries.html",
+        endpoint={"id": endpoint_id},
+        deliveries=_recent_deliveries(endpoint_id),
+    )
+
+
+@dashboard.post("/endpoints/<endpoint_id>")
+@signed_in(write=True)
+def edit_endpoint(endpoint_id: str):
+    """updateWebhookEndpoint with `url` and `events`."""
+    try:
+        fields = load_form(_update_form)
+        record = update_endpoint(
+            brand_id=current_caller().brand_id,
+            endpoint_id=endpoint_id,
+            policy=current_url_policy(),
+            **fields,
+        )
+    except ValidationFailed as error:
+        db.session.rollback()
+        return render(
+            "dashboard/endpoint.html",
+            fragment="dashboard/_endpoint_edit.html",
+            status=422,
+            **_detail_context(_load(endpoint_id), form=_submitted_form(), errors=error.errors),
+        )
+    db.session.commit()
+    flash("Endpoint updated.", "success")
+    return render(
+        "dashboard/endpoint.html",
+        fragment="dashboard/_endpoint_edited.html",
+        **_detail_context(record),
+    )
+
+
+@dashboard.post("/endpoints/<endpoint_id>/disable")
+@signed_in(write=True)
+def disable_endpoint(endpoint_id: str):
+    """updateWebhookEndpoint with `isActive: false`: its pending deliveries end failed."""
+    return _set_active(endpoint_id, False)
+
+
+@dashboard.post("/endpoints/<endpoint_id>/enable")
+@signed_in(write=True)
+def enable_endpoint(endpoint_id: str):
+    """updateWebhookEndpoint with `isActive: true`: the failure count starts again at zero."""
+    return _set_active(endpoint_id, True)
+
+
+def _set_active(endpoint_id: str, active: bool):
+    record = update_endpoint(
+        brand_id=current_caller().brand_id,
+        endpoint_id=endpoint_id,
+        policy=current_url_policy(),
+        is_active=active,
+    )
+    db.session.commit()
+    if active:
+        flash("Endpoint re-enabled; its failure count starts again at zero.", "success")
+    else:
+        flash("Endpoint disabled; its pending deliveries ended as failed.", "info")
+    return render(
+        "dashboard/endpoint.html",
+        fragment="dashboard/_endpoint_state_changed.html",
+        **_detail_context(record),
+    )
+
+
+@dashboard.post("/endpoints/<endpoint_id>/rotate-secret")
+@signed_in(write=True)
+def rotate_endpoint_secret(endpoint_id: str):
+    """rotateWebhookSecret: the new secret is shown in this answer only."""
+    issued = rotate_signing_secret(brand_id=current_caller().brand_id, endpoint_id=endpoint_id)
+    rotated = _rotated.dump(issued)
+    db.session.commit()
+    return render(
+        "dashboard/endpoint.html",
+        fragment="dashboard/_endpoint_secret.html",
+        **_detail_context(issued.record, rotated=rotated),
+    )
+
+
+@dashboard.post("/endpoints/<endpoint_id>/delete")
+@signed_in(write=True)
+def remove_endpoint(endpoint_id: str):
+    """deleteWebhookEndpoint, then back to the list."""
+    deleted = delete_endpoint(brand_id=current_caller().brand_id, endpoint_id=endpoint_id)
+    db.session.commit()
+    flash(
+        f"Endpoint {deleted.url} deleted; its pending deliveries ended as failed, and its past "
+        "deliveries stay in the log.",
+        "info",
+    )
+    target = url_for("dashboard.endpoints")
+    if is_htmx():
+        return "", 200, {"HX-Redirect": target}
+    return redirect(target, code=303)
+
+
+@dashboard.post("/endpoints/<endpoint_id>/send-test")
+@signed_in()
+def send_endpoint_test(endpoint_id: str):
+    """sendWebhookTest (read scope is enough). A disabled endpoint is NotFound, as in the API."""
+    delivery_id = send_test_ping(brand_id=current_caller().brand_id, endpoint_id=endpoint_id)
+    db.session.commit()
+    return render(
+        "dashboard/endpoint.html",
+        fragment="dashboard/_endpoint_test_sent.html",
+        status=202,
+        **_detail_context(_load(endpoint_id), queued=delivery_id),
+    )
+
+
+# ---- the verification snippets' values ----
+
+
+def _snippet_values(endpoint: dict, brand_id: str) -> dict:
+    """What the snippets fill in for this endpoint, and the literals they quote it with
+    (JSON strings are valid Python and JavaScript string literals)."""
+    url = endpoint["url"]
+    parts = urlsplit(url)
+    sample_body = json.dumps(
+        {
+            "id": "evt_manual_check",
+            "type": TEST_EVENT,
+            "createdAt": iso_timestamp(utcnow()),
+            "brandId": brand_id,
+            "apiVersion": API_VERSION,
+            "data": {"endpointId": endpoint["id"], "message": TEST_MESSAGE},
+        },
+        separators=(",", ":"),
+    )
+    return {
+        "endpoint_id": endpoint["id"],
+        "url": url,
+        "path": parts.path or "/",
+        "port": parts.port or DEFAULT_RECEIVER_PORT,
+        "headers": {
+            "timestamp": TIMESTAMP_HEADER,
+            "signature": SIGNATURE_HEADER,
+            "event": EVENT_HEADER,
+            "delivery": DELIVERY_HEADER,
+        },
+        "test_event": TEST_EVENT,
+        "shell_url": shlex.quote(url),
+        "shell_body": shlex.quote(sample_body),
+    }

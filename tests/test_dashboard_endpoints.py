@@ -1,0 +1,731 @@
+"""The dashboard's webhook endpoints pages: list and register, the endpoint page's actions, the
+scope rules, and verification snippets that really verify (SPEC sections 2-4 and 6, CONTRACT 4,
+6 and 7)."""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+from sqlalchemy import func, select, update
+
+from extensions import db
+from models import WebhookDelivery, WebhookEndpoint
+from services.events import publish_event
+from services.signing import delivery_headers, sign
+from services.webhook_endpoints import current_url_policy, register_endpoint
+from services.webhook_endpoints import update_endpoint as service_update
+from tests.dashboard import htmx, sign_in
+
+SIGNING_SECRET = re.compile(r"whsec_[0-9A-Za-z]{20,}")
+GROUPS = [
+    "campaign",
+    "deal",
+    "content",
+    "placement",
+    "escrow",
+    "verification",
+    "dispute",
+    "conversion",
+    "webhook",
+]
+
+
+# ---- helpers ----
+
+
+def _register(app, brand: str, url: str = "http://127.0.0.1:9/hooks", events=None):
+    """An endpoint made through the service: (id, signing secret)."""
+    with app.test_request_context():
+        issued = register_endpoint(
+            brand_id=brand,
+            url=url,
+            events=events or ["deal.completed"],
+            policy=current_url_policy(),
+        )
+        db.session.commit()
+        return issued.id, issued.signing_secret
+
+
+def _publish(app, brand: str, name: str = "deal.completed") -> None:
+    with app.test_request_context():
+        publish_event(brand_id=brand, name=name, data={"dealId": "deal_x"})
+        db.session.commit()
+
+
+def _endpoint_row(app, endpoint_id: str) -> WebhookEndpoint | None:
+    with app.app_context():
+        row = db.session.get(WebhookEndpoint, endpoint_id)
+        if row is not None:
+            db.session.expunge(row)
+        return row
+
+
+def _live_endpoints(app, brand: str) -> int:
+    with app.app_context():
+        return db.session.scalar(
+            select(func.count()).where(
+                WebhookEndpoint.brand_id == brand, WebhookEndpoint.deleted_at.is_(None)
+            )
+        )
+
+
+def _delivery_statuses(app, endpoint_id: str) -> list[str]:
+    with app.app_context():
+        return list(
+            db.session.scalars(
+                select(WebhookDelivery.status).where(WebhookDelivery.endpoint_id == endpoint_id)
+            )
+        )
+
+
+def _text(response) -> str:
+    return response.get_data(as_text=True)
+
+
+def _checked_events(page: str) -> set[str]:
+    return set(re.findall(r'name="events" value="([a-z_.]+)" checked', page))
+
+
+def _snippet(page: str, key: str) -> str:
+    match = re.search(rf'<code id="snippet-{key}">(.*?)</code>', page, re.S)
+    assert match, f"no {key} snippet on the page"
+    return html.unescape(match.group(1))
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _post(url: str, body: bytes, headers: dict[str, str]) -> int:
+    return requests.post(url, data=body, headers=headers, timeout=10).status_code
+
+
+@contextlib.contextmanager
+def _serving(command: list[str], port: int, env: dict[str, str], log: Path) -> Iterator[None]:
+    """Run a snippet's receiver until it accepts connections on `port`; stop it afterwards."""
+    with log.open("wb") as output:
+        process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+                break
+            assert process.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, f"receiver never listened: {log.read_text()}"
+            time.sleep(0.05)
+        yield
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def _node() -> str:
+    """node is installed here and in CI: a missing one fails the test instead of skipping it."""
+    node = shutil.which("node") or "/usr/bin/node"
+    assert Path(node).exists(), "node is required for the Node.js snippet test"
+    return node
+
+
+# ---- the list and registering ----
+
+
+def test_list_shows_each_endpoints_state_and_never_a_secret(app, client, brand, read_key):
+    healthy, healthy_secret = _register(app, brand, "http://127.0.0.1:9/healthy")
+    failing, _ = _register(
+        app,
+        brand,
+        "http://127.0.0.1:9/failing",
+        ["deal.completed", "escrow.held", "dispute.resolved"],
+    )
+    disabled, _ = _register(app, brand, "http://127.0.0.1:9/disabled")
+    with app.test_request_context():
+        db.session.execute(
+            update(WebhookEndpoint)
+            .where(WebhookEndpoint.id == failing)
+            .values(consecutive_failures=4)
+        )
+        service_update(
+            brand_id=brand, endpoint_id=disabled, policy=current_url_policy(), is_active=False
+        )
+        db.session.commit()
+    sign_in(client, read_key)
+    page = _text(client.get("/dashboard/endpoints"))
+    rows = {
+        endpoint_id: re.search(rf'<tr id="endpoint-{endpoint_id}">(.*?)</tr>', page, re.S).group(1)
+        for endpoint_id in (healthy, failing, disabled)
+    }
+    assert "http://127.0.0.1:9/healthy" in rows[healthy]
+    assert "status-active" in rows[healthy]
+    assert f'href="/dashboard/endpoints/{healthy}"' in rows[healthy]
+    assert "status-failing" in rows[failing]
+    assert "<td>4</td>" in rows[failing]
+    assert "3 subscribed" in rows[failing]
+    assert "status-disabled" in rows[disabled]
+    assert "Disabled through update-endpoint" in rows[disabled]
+    assert "since <time" in rows[disabled]
+    assert healthy_secret not in page
+    assert not SIGNING_SECRET.search(page)
+
+
+def test_empty_list_says_what_to_do(client, brand, write_key, read_key, app):
+    sign_in(client, write_key)
+    page = _text(client.get("/dashboard/endpoints"))
+    assert "No endpoints yet. Register your receiver's URL below" in page
+    reader = app.test_client()
+    sign_in(reader, read_key)
+    page = _text(reader.get("/dashboard/endpoints"))
+    assert "Ask someone with a write key to register one" in page
+
+
+def test_register_form_groups_events_by_resource_with_the_defaults_ticked(client, brand, write_key):
+    sign_in(client, write_key)
+    page = _text(client.get("/dashboard/endpoints"))
+    assert "Register an endpoint" in page
+    assert re.findall(r"<legend>([a-z]+)</legend>", page) == GROUPS
+    assert _checked_events(page) == {"deal.completed", "conversion.recorded"}
+    assert page.count('name="events"') == 22
+    assert page.count('data-check="all"') == len(GROUPS)
+    assert 'aria-label="Select every escrow event"' in page
+    assert '<label for="endpoint-url">Endpoint URL</label>' in page
+
+
+def test_register_shows_the_signing_secret_once_and_updates_the_list(app, client, brand, write_key):
+    token = sign_in(client, write_key)
+    response = client.post(
+        "/dashboard/endpoints",
+        data={"url": "http://127.0.0.1:8123/hooks", "events": ["deal.completed", "escrow.held"]},
+        headers=htmx(token),
+    )
+    assert response.status_code == 201
+    fragment = _text(response)
+    assert "<html" not in fragment
+    secrets_shown = SIGNING_SECRET.findall(fragment)
+    assert len(set(secrets_shown)) == 1
+    secret = secrets_shown[0]
+    assert f'data-copy="{secret}"' in fragment
+    assert "Copy this signing secret now." in fragment
+    assert "shown this once" in fragment
+    assert 'id="endpoint-rows" hx-swap-oob="true"' in fragment
+    assert "http://127.0.0.1:8123/hooks" in fragment.split('id="endpoint-rows"')[1]
+    assert _live_endpoints(app, brand) == 1
+    # the API sees the same endpoint, and the secret signs its deliveries
+    api = client.get(
+        f"/api/v1/brand/{brand}/webhook/fetch-endpoints", headers={"X-Api-Key": write_key}
+    ).get_json()
+    [listed] = api["data"]["endpoints"]
+    assert listed["url"] == "http://127.0.0.1:8123/hooks"
+    assert listed["events"] == ["deal.completed", "escrow.held"]
+    # never again: not on the list, not on the endpoint's page
+    assert secret not in _text(client.get("/dashboard/endpoints"))
+    detail = _text(client.get(f"/dashboard/endpoints/{listed['id']}"))
+    assert secret not in detail
+    assert not SIGNING_SECRET.search(detail)
+
+
+def test_register_works_as_a_plain_form(app, client, brand, write_key):
+    token = sign_in(client, write_key)
+    response = client.post(
+        "/dashboard/endpoints",
+        data={
+            "url": "http://localhost:8000/hooks",
+            "events": ["deal.completed"],
+            "csrf_token": token,
+        },
+    )
+    assert response.status_code == 201
+    page = _text(response)
+    assert "<html" in page
+    assert "Endpoint registered" in page
+    assert len(set(SIGNING_SECRET.findall(page))) == 1
+    assert page.count('id="endpoint-rows"') == 1
+    assert "http://localhost:8000/hooks" in page.split('id="endpoint-rows"')[1]
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "message"),
+    [
+        (
+            {"url": "https://10.0.0.7/hooks", "events": ["deal.completed"]},
+            "url",
+            "10.0.0.7 is a loopback, private, link-local, multicast or reserved address",
+        ),
+        (
+            {"url": "https://169.254.169.254/latest", "events": ["deal.completed"]},
+            "url",
+            "webhooks are delivered only to public addresses",
+        ),
+        (
+            {"url": "http://hooks.example.com/x", "events": ["deal.completed"]},
+            "url",
+            "Must use https://; http:// is accepted only for localhost and 127.0.0.1",
+        ),
+        (
+            {"url": "https://me:pw@hooks.example.com/x", "events": ["deal.completed"]},
+            "url",
+            "Must not contain credentials (user:password@)",
+        ),
+        ({"url": "", "events": ["deal.completed"]}, "url", "Length must be between 1 and 2048."),
+        ({"url": "http://127.0.0.1:9/hooks"}, "events", "Give at least one of: campaign.published"),
+    ],
+)
+def test_register_refuses_bad_input_with_the_fields_message_and_stores_nothing(
+    app, client, brand, write_key, fields, field, message
+):
+    token = sign_in(client, write_key)
+    response = client.post("/dashboard/endpoints", data=fields, headers=htmx(token))
+    assert response.status_code == 422
+    fragment = _text(response)
+    assert html.escape(message, quote=False) in fragment
+    assert 'id="endpoint-form-panel"' in fragment
+    assert f'value="{html.escape(fields["url"])}"' in fragment  # what was typed stays
+    assert _checked_events(fragment) == set(fields.get("events", []))
+    if field == "url":
+        assert 'aria-invalid="true"' in fragment
+    assert not SIGNING_SECRET.search(fragment)
+    assert _live_endpoints(app, brand) == 0
+
+
+# ---- scope, CSRF, other brands ----
+
+
+def _write_actions(endpoint_id: str) -> list[tuple[str, dict]]:
+    return [
+        ("/dashboard/endpoints", {"url": "http://127.0.0.1:9/x", "events": ["deal.completed"]}),
+        (
+            f"/dashboard/endpoints/{endpoint_id}",
+            {"url": "http://127.0.0.1:9/y", "events": ["deal.completed"]},
+        ),
+        (f"/dashboard/endpoints/{endpoint_id}/disable", {}),
+        (f"/dashboard/endpoints/{endpoint_id}/enable", {}),
+        (f"/dashboard/endpoints/{endpoint_id}/rotate-secret", {}),
+        (f"/dashboard/endpoints/{endpoint_id}/delete", {}),
+    ]
+
+
+def test_read_scope_sees_everything_changes_nothing_but_can_send_a_test(
+    app, client, brand, read_key
+):
+    endpoint_id, secret = _register(app, brand)
+    _publish(app, brand)
+    token = sign_in(client, read_key)
+    listing = _text(client.get("/dashboard/endpoints"))
+    assert "http://127.0.0.1:9/hooks" in listing
+    assert "Register an endpoint" not in listing
+    assert 'name="events"' not in listing
+    page = _text(client.get(f"/dashboard/endpoints/{endpoint_id}"))
+    assert "Verify signatures" in page
+    assert "Recent deliveries" in page
+    assert "Send test" in page
+    for control in ["Edit endpoint", "Rotate secret", "Delete endpoint", ">Disable<", "hx-confirm"]:
+        assert control not in page, control
+    for path, data in _write_actions(endpoint_id):
+        response = client.post(path, data=data, headers=htmx(token))
+        assert response.status_code == 403, path
+        assert "Write scope required" in _text(response)
+    row = _endpoint_row(app, endpoint_id)
+    assert (row.url, row.deleted_at, row.disabled_at) == ("http://127.0.0.1:9/hooks", None, None)
+    response = client.post(f"/dashboard/endpoints/{endpoint_id}/send-test", headers=htmx(token))
+    assert response.status_code == 202
+    assert "Test ping queued" in _text(response)
+    assert secret not in page
+
+
+def test_an_action_without_the_csrf_token_is_refused(app, client, brand, write_key):
+    endpoint_id, _ = _register(app, brand)
+    sign_in(client, write_key)
+    for headers in [{"HX-Request": "true"}, htmx("forged")]:
+        response = client.post(f"/dashboard/endpoints/{endpoint_id}/delete", headers=headers)
+        assert response.status_code == 403
+        assert "did not come from this site" in _text(response)
+    assert _live_endpoints(app, brand) == 1
+
+
+def test_another_brands_endpoint_is_not_found(app, client, brand, write_key, make_brand):
+    other = make_brand("Other Brand")
+    theirs, _ = _register(app, other, "http://127.0.0.1:9/theirs")
+    token = sign_in(client, write_key)
+    assert client.get(f"/dashboard/endpoints/{theirs}").status_code == 404
+    assert (
+        client.get(f"/dashboard/endpoints/{theirs}/deliveries", headers=htmx(token)).status_code
+        == 404
+    )
+    for path, data in [
+        *_write_actions(theirs)[1:],
+        (f"/dashboard/endpoints/{theirs}/send-test", {}),
+    ]:
+        response = client.post(path, data=data, headers=htmx(token))
+        assert response.status_code == 404, path
+        assert "No webhook endpoint with id" in _text(response)
+    row = _endpoint_row(app, theirs)
+    assert (row.url, row.deleted_at, row.disabled_at) == ("http://127.0.0.1:9/theirs", None, None)
+    assert _delivery_statuses(app, theirs) == []
+    assert "theirs" not in _text(client.get("/dashboard/endpoints"))
+
+
+# ---- the endpoint's page and its actions ----
+
+
+def test_endpoint_page_shows_its_fields_deliveries_and_links(app, client, brand, read_key):
+    endpoint_id, _ = _register(app, brand, events=["deal.completed", "escrow.released"])
+    _publish(app, brand)
+    _publish(app, brand, "escrow.released")
+    _publish(app, brand, "campaign.published")  # not subscribed: not listed
+    sign_in(client, read_key)
+    page = _text(client.get(f"/dashboard/endpoints/{endpoint_id}"))
+    assert endpoint_id in page
+    assert "http://127.0.0.1:9/hooks" in page
+    assert '<code class="event-name">escrow.released</code>' in page
+    deliveries = page.split('id="endpoint-deliveries"')[1].split("</table>")[0]
+    assert deliveries.count("<tr id=") == 2
+    assert "status-pending" in deliveries
+    assert "campaign.published" not in deliveries
+    assert re.search(r'href="/dashboard/deliveries/whd_[^"]+">Details</a>', deliveries)
+    assert f'href="/dashboard/deliveries?endpointId={endpoint_id}"' in page
+    # a pending delivery keeps the region asking until it settles
+    assert f'hx-get="/dashboard/endpoints/{endpoint_id}/deliveries" hx-trigger="every 3s"' in page
+
+
+def test_recent_deliveries_region_stops_polling_once_settled(app, client, brand, read_key):
+    endpoint_id, _ = _register(app, brand)
+    _publish(app, brand)
+    token = sign_in(client, read_key)
+    with app.app_context():
+        db.session.execute(update(WebhookDelivery).values(status="delivered", http_status=200))
+        db.session.commit()
+    response = client.get(f"/dashboard/endpoints/{endpoint_id}/deliveries", headers=htmx(token))
+    assert response.status_code == 200
+    fragment = _text(response)
+    assert 'id="endpoint-deliveries"' in fragment and "<html" not in fragment
+    assert "status-delivered" in fragment
+    assert "hx-trigger" not in fragment
+    # without htmx it is the full log of this endpoint
+    plain = client.get(f"/dashboard/endpoints/{endpoint_id}/deliveries")
+    assert plain.status_code == 303
+    assert plain.headers["Location"] == f"/dashboard/deliveries?endpointId={endpoint_id}"
+
+
+def test_endpoint_without_deliveries_says_what_to_do(app, client, brand, read_key):
+    endpoint_id, _ = _register(app, brand)
+    sign_in(client, read_key)
+    page = _text(client.get(f"/dashboard/endpoints/{endpoint_id}"))
+    assert "No deliveries yet. Send a test to see one here" in page
+
+
+def test_edit_changes_url_and_events(app, client, brand, write_key):
+    endpoint_id, _ = _register(app, brand)
+    token = sign_in(client, write_key)
+    page = _text(client.get(f"/dashboard/endpoints/{endpoint_id}"))
+    assert _checked_events(page.split('id="endpoint-edit-panel"')[1]) == {"deal.completed"}
+    response = client.post(
+        f"/dashboard/endpoints/{endpoint_id}",
+        data={
+            "url": "http://localhost:7000/v2/hooks",
+            "events": ["escrow.held", "escrow.released"],
+        },
+        headers=htmx(token),
+    )
+    assert response.status_code == 200
+    fragment = _text(response)
+    assert "Endpoint updated." in fragment
+    assert 'id="endpoint-summary" hx-swap-oob="true"' in fragment
+    assert 'id="endpoint-verify" hx-swap-oob="true"' in fragment
+    assert "http://localhost:7000/v2/hooks" in fragment.split('id="endpoint-summary"')[1]
+    assert '"/v2/hooks"' in _snippet(fragment, "python")  # the snippets follow the new URL
+    row = _endpoint_row(app, endpoint_id)
+    assert row.url == "http://localhost:7000/v2/hooks"
+    assert row.events == ["escrow.held", "escrow.released"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (
+            {"url": "https://192.168.1.20/hooks", "events": ["escrow.held"]},
+            "192.168.1.20 is a loopback",
+        ),
+        ({"url": "http://127.0.0.1:9/other"}, "Give at least one of: campaign.published"),
+        ({"url": "x" * 2049, "events": ["escrow.held"]}, "Length must be between 1 and 2048."),
+    ],
+)
+def test_edit_refuses_bad_input_and_changes_nothing(app, client, brand, write_key, fields, message):
+    endpoint_id, _ = _register(app, brand)
+    token = sign_in(client, write_key)
+    response = client.post(f"/dashboard/endpoints/{endpoint_id}", data=fields, headers=htmx(token))
+    assert response.status_code == 422
+    fragment = _text(response)
+    assert message in fragment
+    assert 'id="endpoint-edit-panel"' in fragment
+    assert "Endpoint updated." not in fragment
+    row = _endpoint_row(app, endpoint_id)
+    assert (row.url, row.events) == ("http://127.0.0.1:9/hooks", ["deal.completed"])
+
+
+def test_disable_fails_pending_deliveries_and_re_enable_clears_the_failures(
+    app, client, brand, write_key
+):
+    endpoint_id, _ = _register(app, brand)
+    _publish(app, brand)
+    token = sign_in(client, write_key)
+    page = _text(client.get(f"/dashboard/endpoints/{endpoint_id}"))
+    assert "its pending deliveries end as failed" in page  # the confirm says so
+    response = client.post(f"/dashboard/endpoints/{endpoint_id}/disable", headers=htmx(token))
+    assert response.status_code == 200
+    fragment = _text(response)
+    assert "Endpoint disabled; its pending deliveries ended as failed." in fragment
+    assert "status-disabled" in fragment
+    assert "Disabled through update-endpoint" in fragment
+    assert ">Re-enable</button>" in fragment
+    assert "Send test</button>" not in fragment
+    assert 'id="endpoint-deliveries" hx-swap-oob="true"' in fragment
+    assert "status-failed" in fragment.split('id="endpoint-deliveries"')[1]
+    assert _delivery_statuses(app, endpoint_id) == ["failed"]
+    with app.app_context():
+        db.session.execute(
+            update(WebhookEndpoint)
+            .where(WebhookEndpoint.id == endpoint_id)
+            .values(consecutive_failures=15)
+        )
+        db.session.commit()
+    response = client.post(f"/dashboard/endpoints/{endpoint_id}/enable", headers=htmx(token))
+    assert response.status_code == 200
+    fragment = _text(response)
+    assert "Endpoint re-enabled; its failure count starts again at zero." in fragment
+    assert "status-active" in fragment
+    assert ">Disable</button>" in fragment
+    row = _endpoint_row(app, endpoint_id)
+    assert (row.disabled_at, row.consecutive_failures) == (None, 0)
+
+
+def test_rotate_secret_shows_the_new_secret_once(app, client, brand, write_key):
+    endpoint_id, old_secret = _register(app, brand)
+    token = sign_in(client, write_key)
+    page = _text(client.get(f"/dashboard/endpoints/{endpoint_id}"))
+    assert "The current secret stops verifying at once" in page
+    response = client.post(f"/dashboard/endpoints/{endpoint_id}/rotate-secret", headers=htmx(token))
+    assert response.status_code == 200
+    fragment = _text(response)
+    assert "<html" not in fragment
+    assert 'id="endpoint-secret-panel"' in fragment
+    [new_secret] = set(SIGNING_SECRET.findall(fragment))
+    assert new_secret != old_secret
+    assert f'data-copy="{new_secret}"' in fragment
+    assert "shown this once" in fragment
+    assert "The old secret stopped working at once" in fragment
+    later = _text(client.get(f"/dashboard/endpoints/{endpoint_id}"))
+    assert new_secret not in later and old_secret not in later
+    # deliveries are now signed with the new one
+    with app.app_context():
+        from services.secret_box import secret_box
+
+        stored = db.session.get(WebhookEndpoint, endpoint_id).secret_ciphertext
+        assert secret_box().decrypt(stored) == new_secret
+
+
+def test_rotate_secret_without_js_shows_it_on_the_page(app, client, brand, write_key):
+    endpoint_id, _ = _register(app, brand)
+    token = sign_in(client, write_key)
+    response = client.post(
+        f"/dashboard/endpoints/{endpoint_id}/rotate-secret", data={"csrf_token": token}
+    )
+    assert response.status_code == 200
+    page = _text(response)
+    assert "<html" in page and "Verify signatures" in page
+    assert len(set(SIGNING_SECRET.findall(page))) == 1
+
+
+def test_delete_returns_to_the_list_and_the_endpoint_is_gone(app, client, brand, write_key):
+    endpoint_id, _ = _register(app, brand)
+    keep, _ = _register(app, brand, "http://127.0.0.1:9/keep")
+    _publish(app, brand)
+    token = sign_in(client, write_key)
+    page = _text(client.get(f"/dashboard/endpoints/{endpoint_id}"))
+    assert re.search(r'hx-confirm="Delete the endpoint [^"]*pending deliveries end as failed', page)
+    response = client.post(f"/dashboard/endpoints/{endpoint_id}/delete", headers=htmx(token))
+    assert response.status_code == 200
+    assert response.headers["HX-Redirect"] == "/dashboard/endpoints"
+    listing = _text(client.get("/dashboard/endpoints"))
+    assert "deleted; its pending deliveries ended as failed" in listing
+    assert f'id="endpoint-{endpoint_id}"' not in listing
+    assert f'id="endpoint-{keep}"' in listing
+    assert client.get(f"/dashboard/endpoints/{endpoint_id}").status_code == 404
+    assert _delivery_statuses(app, endpoint_id) == ["failed"]
+    assert _delivery_statuses(app, keep) == ["pending"]
+    # and as a plain form
+    response = client.post(f"/dashboard/endpoints/{keep}/delete", data={"csrf_token": token})
+    assert response.status_code == 303
+    assert response.headers["Location"] == "/dashboard/endpoints"
+    assert _live_endpoints(app, brand) == 0
+
+
+def test_send_test_queues_a_ping_and_links_its_delivery(app, client, brand, write_key):
+    endpoint_id, _ = _register(app, brand)
+    token = sign_in(client, write_key)
+    response = client.post(f"/dashboard/endpoints/{endpoint_id}/send-test", headers=htmx(token))
+    assert response.status_code == 202
+    fragment = _text(response)
+    delivery_id = re.search(
+        r"Test ping queued as delivery <a href=\"/dashboard/deliveries/(whd_\w+)\"", fragment
+    ).group(1)
+    assert 'id="endpoint-deliveries" hx-swap-oob="true"' in fragment
+    assert f'<tr id="delivery-{delivery_id}">' in fragment
+    assert "webhook.test" in fragment
+    assert "hx-trigger" in fragment.split('id="endpoint-deliveries"')[1]
+    with app.app_context():
+        delivery = db.session.get(WebhookDelivery, delivery_id)
+        assert (delivery.endpoint_id, delivery.event_name) == (endpoint_id, "webhook.test")
+    # as a plain form, the endpoint's page says the same
+    response = client.post(
+        f"/dashboard/endpoints/{endpoint_id}/send-test", data={"csrf_token": token}
+    )
+    assert response.status_code == 202
+    assert "Test ping queued as delivery" in _text(response)
+
+
+def test_send_test_on_a_disabled_endpoint_is_not_found(app, client, brand, write_key):
+    endpoint_id, _ = _register(app, brand)
+    with app.test_request_context():
+        service_update(
+            brand_id=brand, endpoint_id=endpoint_id, policy=current_url_policy(), is_active=False
+        )
+        db.session.commit()
+    token = sign_in(client, write_key)
+    page = _text(client.get(f"/dashboard/endpoints/{endpoint_id}"))
+    assert "Send test</button>" not in page
+    assert "A disabled endpoint receives nothing, test pings included." in page
+    response = client.post(f"/dashboard/endpoints/{endpoint_id}/send-test", headers=htmx(token))
+    assert response.status_code == 404
+    assert "is disabled; re-enable it" in _text(response)
+    assert _delivery_statuses(app, endpoint_id) == []
+
+
+# ---- the verification snippets, run for real ----
+
+
+def _signed(secret: str, body: bytes, timestamp: int | None = None) -> dict[str, str]:
+    """Headers exactly as the worker sends them (services.signing)."""
+    return delivery_headers(
+        secret=secret,
+        timestamp=int(time.time()) if timestamp is None else timestamp,
+        raw_body=body,
+        event_name="deal.completed",
+        delivery_id="whd_snippet_test",
+    )
+
+
+def _event_body(brand: str) -> bytes:
+    body = {"id": "evt_snippet", "type": "deal.completed", "brandId": brand, "data": {"x": "é"}}
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _endpoint_page(app, client, brand, read_key, url: str) -> tuple[str, str, str]:
+    endpoint_id, secret = _register(app, brand, url)
+    sign_in(client, read_key)
+    page = _text(client.get(f"/dashboard/endpoints/{endpoint_id}"))
+    assert secret not in page
+    return endpoint_id, secret, page
+
+
+def _check_receiver(url: str, secret: str, brand: str) -> None:
+    """A receiver snippet accepts what the service signs and refuses every forgery."""
+    body = _event_body(brand)
+    assert _post(url, body, _signed(secret, body)) == 200
+    tampered = body.replace(b'"x"', b'"y"')
+    assert _post(url, tampered, _signed(secret, body)) == 400
+    stale = int(time.time()) - 6 * 60
+    assert _post(url, body, _signed(secret, body, stale)) == 400
+    assert _post(url, body, _signed("whsec_" + "x" * 40, body)) == 400
+    assert _post(url, body, {"Content-Type": "application/json"}) == 400
+    headers = _signed(secret, body)
+    headers["X-Service-Signature"] = headers["X-Service-Signature"][:-1]
+    assert _post(url, body, headers) == 400
+    assert _post(url.rsplit("/", 1)[0] + "/elsewhere", body, _signed(secret, body)) == 404
+
+
+def _run_shell_snippet(snippet: str, secret: str, cwd: Path) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        ["bash", "-e", "-c", snippet],
+        cwd=cwd,
+        env={"PATH": os.environ["PATH"], "WEBHOOK_SECRET": secret},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+@pytest.mark.parametrize("language", ["python", "node"])
+def test_receiver_snippets_accept_signed_deliveries_and_refuse_forgeries(
+    app, client, brand, read_key, tmp_path, language
+):
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/brand-hooks"
+    endpoint_id, secret, page = _endpoint_page(app, client, brand, read_key, url)
+    code = _snippet(page, language)
+    assert endpoint_id in code and url in code
+    assert "WEBHOOK_SECRET" in code and secret not in code
+    label = "Python" if language == "python" else "Node.js"
+    copied = re.search(rf'data-copy="([^"]*)" aria-label="Copy the {label} snippet"', page)
+    assert html.unescape(copied.group(1)) == code
+    script = tmp_path / ("receiver.py" if language == "python" else "receiver.js")
+    script.write_text(code)
+    command = [sys.executable, str(script)] if language == "python" else [_node(), str(script)]
+    # no PORT: the snippet listens on the port of the endpoint's URL, filled in
+    env = {"PATH": os.environ["PATH"], "WEBHOOK_SECRET": secret}
+    log = tmp_path / "receiver.log"
+    with _serving(command, port, env, log):
+        _check_receiver(url, secret, brand)
+        # the curl + openssl snippet signs as the service does: this receiver accepts it
+        result = _run_shell_snippet(_snippet(page, "shell"), secret, tmp_path)
+        assert result.stdout.strip().endswith("HTTP 200"), result.stdout + result.stderr
+    output = log.read_text()
+    assert output.count("deal.completed evt_snippet whd_snippet_test") == 1
+    assert "webhook.test evt_manual_check whd_manual_check" in output
+
+
+def test_shell_snippet_signs_like_the_service_and_posts_to_the_receiver(
+    app, client, brand, read_key, receiver, tmp_path
+):
+    endpoint_id, secret, page = _endpoint_page(app, client, brand, read_key, receiver.url)
+    receiver.secrets.append(secret)
+    code = _snippet(page, "shell")
+    assert "openssl dgst -sha256 -hmac" in code and "WEBHOOK_SECRET" in code
+    result = _run_shell_snippet(code, secret, tmp_path)
+    timestamp = int(re.search(r"^X-Service-Timestamp: (\d+)$", result.stdout, re.M).group(1))
+    signature = re.search(r"^X-Service-Signature: (\S+)$", result.stdout, re.M).group(1)
+    body = (tmp_path / "body.json").read_bytes()
+    assert signature == sign(secret, timestamp, body)
+    assert result.stdout.strip().endswith("HTTP 200")
+    [request] = receiver.wait_for(1)
+    assert request.signature_valid
+    assert request.body == body
+    assert request.headers["X-Service-Event"] == "webhook.test"
+    assert request.json["data"]["endpointId"] == endpoint_id
+    assert request.json["brandId"] == brand
+    # without the secret it stops before signing anything
+    failed = subprocess.run(
+        ["bash", "-c", code],
+        cwd=tmp_path,
+        env={"PATH": os.environ["PATH"]},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert failed.returncode != 0
+    assert "set WEBHOOK_SECRET" in failed.stderr
+    assert len(receiver.received) == 1
