@@ -729,3 +729,64 @@ def test_shell_snippet_signs_like_the_service_and_posts_to_the_receiver(
     assert failed.returncode != 0
     assert "set WEBHOOK_SECRET" in failed.stderr
     assert len(receiver.received) == 1
+
+
+@pytest.mark.parametrize("language", ["python", "node"])
+def test_receiver_snippets_accept_a_real_test_ping_from_the_worker(
+    app, client, brand, write_key, webhook_worker, tmp_path, language
+):
+    """Registered and pinged through the dashboard, delivered by a real worker: the snippet
+    running with the secret the page showed once answers 200, so the delivery is `delivered`."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/hooks"
+    token = sign_in(client, write_key)
+    response = client.post(
+        "/dashboard/endpoints",
+        data={"url": url, "events": ["deal.completed"]},
+        headers=htmx(token),
+    )
+    [secret] = set(SIGNING_SECRET.findall(_text(response)))
+    endpoint_id = re.search(r'href="/dashboard/endpoints/(whe_\w+)"', _text(response)).group(1)
+    code = _snippet(_text(client.get(f"/dashboard/endpoints/{endpoint_id}")), language)
+    script = tmp_path / ("receiver.py" if language == "python" else "receiver.js")
+    script.write_text(code)
+    command = [sys.executable, str(script)] if language == "python" else [_node(), str(script)]
+    env = {"PATH": os.environ["PATH"], "WEBHOOK_SECRET": secret}
+    log = tmp_path / "receiver.log"
+    with _serving(command, port, env, log):
+        sent = client.post(f"/dashboard/endpoints/{endpoint_id}/send-test", headers=htmx(token))
+        delivery_id = re.search(r"/dashboard/deliveries/(whd_\w+)", _text(sent)).group(1)
+        deadline = time.monotonic() + 20
+        while _delivery_statuses(app, endpoint_id) != ["delivered"]:
+            assert time.monotonic() < deadline, (
+                _delivery_statuses(app, endpoint_id),
+                log.read_text(),
+                webhook_worker.output()[-2000:],
+            )
+            time.sleep(0.1)
+    assert "webhook.test evt_" in log.read_text()
+    assert delivery_id in log.read_text()
+    region = _text(
+        client.get(f"/dashboard/endpoints/{endpoint_id}/deliveries", headers=htmx(token))
+    )
+    assert "status-delivered" in region and "hx-trigger" not in region
+
+
+def test_the_endpoint_page_is_under_webhook_endpoints_in_the_nav(app, client, brand, read_key):
+    endpoint_id, _ = _register(app, brand)
+    sign_in(client, read_key)
+    page = _text(client.get(f"/dashboard/endpoints/{endpoint_id}"))
+    assert '<a href="/dashboard/endpoints" aria-current="page">Webhook endpoints</a>' in page
+
+
+def test_register_errors_without_js_show_the_whole_page(app, client, brand, write_key):
+    token = sign_in(client, write_key)
+    response = client.post(
+        "/dashboard/endpoints",
+        data={"url": "https://127.0.0.2/x", "events": ["deal.completed"], "csrf_token": token},
+    )
+    assert response.status_code == 422
+    page = _text(response)
+    assert "<html" in page and "Register an endpoint" in page
+    assert "127.0.0.2 is a loopback, private, link-local" in page
+    assert _live_endpoints(app, brand) == 0
