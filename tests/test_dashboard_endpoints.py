@@ -790,3 +790,71 @@ def test_register_errors_without_js_show_the_whole_page(app, client, brand, writ
     assert "<html" in page and "Register an endpoint" in page
     assert "127.0.0.2 is a loopback, private, link-local" in page
     assert _live_endpoints(app, brand) == 0
+
+
+# ---- docs/webhooks.md shows shorter versions of the same checks: they must agree ----
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "webhooks.md"
+
+_DOCS_PYTHON_HARNESS = """
+import json, sys
+for case in json.loads(sys.stdin.read()):
+    print(verify(case["secret"], case["headers"], case["body"].encode()))
+"""
+_DOCS_NODE_HARNESS = """
+let input = "";
+process.stdin.on("data", (chunk) => (input += chunk));
+process.stdin.on("end", () => {
+  for (const c of JSON.parse(input)) {
+    const pairs = Object.entries(c.headers).map(([k, v]) => [k.toLowerCase(), v]);
+    const headers = Object.fromEntries(pairs);
+    console.log(verify(c.secret, headers, Buffer.from(c.body)) ? "True" : "False");
+  }
+});
+"""
+
+
+def _docs_block(language: str) -> str:
+    section = DOCS.read_text().split("### Verifying a signature", 1)[1]
+    return re.search(rf"```{language}\n(.*?)```", section, re.S).group(1)
+
+
+def test_the_docs_verification_snippets_agree_with_the_signer(tmp_path):
+    secret = "whsec_" + "a1B2" * 8
+    body = '{"id":"evt_docs","type":"deal.completed","data":{"x":"é"}}'
+    raw = body.encode()
+    now = int(time.time())
+    good = _signed(secret, raw, now)
+    cases = [
+        {"secret": secret, "headers": good, "body": body},
+        {"secret": secret, "headers": good, "body": body.replace("x", "y")},
+        {"secret": secret, "headers": _signed(secret, raw, now - 360), "body": body},
+        {"secret": "whsec_other", "headers": good, "body": body},
+    ]
+    expected = "True\nFalse\nFalse\nFalse\n"
+    python = subprocess.run(
+        [sys.executable, "-c", _docs_block("python") + _DOCS_PYTHON_HARNESS],
+        input=json.dumps(cases),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert python.stdout == expected, python.stderr
+    node = subprocess.run(
+        [_node(), "-e", _docs_block("js") + _DOCS_NODE_HARNESS],
+        input=json.dumps(cases),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert node.stdout == expected, node.stderr
+    (tmp_path / "body.json").write_bytes(raw)
+    shell = subprocess.run(
+        ["bash", "-c", _docs_block("sh")],
+        cwd=tmp_path,
+        env={"PATH": os.environ["PATH"], "TS": str(now), "SECRET": secret},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert shell.stdout.strip() == sign(secret, now, raw) == good["X-Service-Signature"]
