@@ -158,3 +158,16 @@ def test_revoke_a_key_of_another_brand_is_not_found(app, client, brand, write_ke
     response = client.post(f"/dashboard/keys/{other_key}/revoke", headers=htmx(token))
     assert response.status_code == 404
     assert _active_keys(app, other) == 1
+
+
+def test_create_key_without_javascript_shows_the_secret_on_the_page(client, brand, write_key):
+    token = sign_in(client, write_key)
+    response = client.post(
+        "/dashboard/keys", data={"name": "no-js", "scopes": ["read"], "csrf_token": token}
+    )
+    assert response.status_code == 201
+    page = response.get_data(as_text=True)
+    assert "<html" in page
+    assert len(set(SECRET.findall(page))) == 1
+    assert page.count('id="key-rows"') == 1
+    assert "no-js" in page.split('id="key-rows"')[1]

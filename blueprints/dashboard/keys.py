@@ -54,7 +54,7 @@ def create_key():
     db.session.commit()
     return render(
         "dashboard/keys.html",
-        fragment="dashboard/_key_issued.html",
+        fragment="dashboard/_key_created.html",
         status=201,
         issued=key,
         form={},
