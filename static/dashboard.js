@@ -51,16 +51,24 @@
   });
 
   // Tabs (verification snippets): buttons with aria-controls show one panel of their group.
-  document.addEventListener("click", function (event) {
-    var tab = event.target.closest("[role=tab]");
-    if (!tab) return;
-    var list = tab.closest("[role=tablist]");
-    list.querySelectorAll("[role=tab]").forEach(function (other) {
+  // The page renders every panel and a hidden tab row, so it reads fine without this script.
+  function selectTab(tab) {
+    tab.closest("[role=tablist]").querySelectorAll("[role=tab]").forEach(function (other) {
       var selected = other === tab;
       other.setAttribute("aria-selected", selected ? "true" : "false");
       var panel = document.getElementById(other.getAttribute("aria-controls"));
       if (panel) panel.hidden = !selected;
     });
+  }
+  document.addEventListener("htmx:load", function (event) {
+    event.detail.elt.querySelectorAll("[role=tablist][hidden]").forEach(function (list) {
+      list.hidden = false;
+      selectTab(list.querySelector("[role=tab][aria-selected=true]") || list.querySelector("[role=tab]"));
+    });
+  });
+  document.addEventListener("click", function (event) {
+    var tab = event.target.closest("[role=tab]");
+    if (tab) selectTab(tab);
   });
 
   // Checkbox groups (an endpoint's events): [data-check=all|none] buttons tick or clear the
