@@ -18,11 +18,12 @@ import requests
 from sqlalchemy import func, select
 
 from extensions import db
-from models import Brand, WebhookDelivery
+from models import WebhookDelivery
 from services.api_keys import create_api_key
 from services.demo import seed_demo_workspace
 from services.demo_simulation import simulate_step
 from services.endpoint_urls import UrlPolicy
+from services.event_catalog import EVENT_NAMES, TEST_EVENT
 from services.webhook_endpoints import register_endpoint
 from tests.browser import (
     LAPTOP,
@@ -181,7 +182,69 @@ def test_a_developer_goes_from_bootstrap_token_to_signed_webhooks_and_revokes_th
 
 
 def register_endpoint_and_watch_a_test_ping(live: Live, page, receiver: Receiver) -> None:
-    """Placeholder until the endpoint and delivery pages land."""
+    """Register the receiver's URL, keep the signing secret shown once, send a test ping and
+    watch it arrive, then read its delivery's detail."""
+    page.get_by_role("navigation", name="Dashboard").get_by_role(
+        "link", name="Webhook endpoints"
+    ).click()
+    expect(page.get_by_role("heading", name="Webhook endpoints", exact=True)).to_be_visible()
+    expect(page.get_by_text("No endpoints yet")).to_be_visible()
+
+    # Registering: the default events are ticked; the answer swaps in without a reload.
+    mark_document(page)
+    page.get_by_label("Endpoint URL").fill(receiver.url)
+    events = page.get_by_role("group", name="Events", exact=True)
+    assert events.get_by_role("checkbox", checked=True).count() > 0
+    page.get_by_role("button", name="Register endpoint").click()
+    expect(page.get_by_role("heading", name="Endpoint registered")).to_be_visible()
+    shown = page.get_by_role("group", name="signing secret")
+    expect(shown.get_by_text("It is shown this once")).to_be_visible()
+    signing_secret = shown.get_by_text(SIGNING_SECRET).inner_text().strip()
+    assert SIGNING_SECRET.fullmatch(signing_secret), signing_secret
+    receiver.secrets.append(signing_secret)
+    expect(page.get_by_role("row").filter(has_text=receiver.url)).to_contain_text("active")
+    assert_same_document(page)
+
+    # The endpoint's page: never the secret again; snippets to verify signatures, by language.
+    page.get_by_role("link", name="Open the endpoint").click()
+    expect(page.get_by_role("heading", name=receiver.url)).to_be_visible()
+    assert signing_secret not in page.content()
+    verify = page.locator("section").filter(
+        has=page.get_by_role("heading", name="Verify signatures")
+    )
+    expect(verify.get_by_role("tabpanel")).to_contain_text("WEBHOOK_SECRET")
+    verify.get_by_role("tab", name="Node.js").click()
+    expect(verify.get_by_role("tab", name="Node.js")).to_have_attribute("aria-selected", "true")
+    expect(verify.get_by_role("tabpanel")).to_contain_text("createHmac")
+    verify.get_by_role("tab", name="curl + openssl").click()
+    expect(verify.get_by_role("tabpanel")).to_contain_text(receiver.url)
+
+    # A test ping: its row turns `delivered` by itself, the page never reloading.
+    mark_document(page)
+    page.get_by_role("button", name="Send test").click()
+    expect(page.get_by_text("Test ping queued as delivery")).to_be_visible()
+    recent = page.locator("section").filter(
+        has=page.get_by_role("heading", name="Recent deliveries")
+    )
+    ping_row = recent.get_by_role("row").filter(has_text="webhook.test")
+    expect(ping_row).to_contain_text("delivered", timeout=SETTLE_MS)
+    expect(ping_row).to_contain_text("200")
+    assert_same_document(page)
+
+    # The receiver really got it, signed with the secret the page showed once.
+    (received,) = receiver.wait_for(1)
+    assert received.json["type"] == "webhook.test"
+    assert received.signature_valid, received.headers
+    assert received.headers["X-Service-Event"] == "webhook.test"
+
+    open_delivery_detail(page, ping_row, received)
+
+
+def open_delivery_detail(page, row, received) -> None:
+    """The delivery's page: what was sent, and the attempt that succeeded."""
+    row.get_by_role("link", name="Details").click()
+    expect(page).to_have_url(re.compile(rf"/dashboard/deliveries/{received.delivery_id}$"))
+    expect(page.get_by_text(received.json["id"]).first).to_be_visible()
 
 
 # --- a phone, and the console watch itself -----------------------------------------------------
@@ -253,32 +316,11 @@ def test_the_console_watch_reports_a_csp_violation(browser, live):
 
 
 def test_every_main_page_shows_the_demo_workspace(browser, live, context, app, receiver):
-    """The demo workspace (`flask demo seed`), an endpoint at the receiver and a few simulated
-    steps: every page renders it in the browser with a clean console. With BRAND_SCREENSHOTS
-    set, each page is saved there."""
+    """The demo workspace (`flask demo seed`) with two endpoints, one healthy and one down, and
+    a few simulated steps: every page shows it in the browser with a clean console. With
+    BRAND_SCREENSHOTS set, each page is saved there."""
     folder = screenshot_folder()
-    with app.app_context():
-        workspace = seed_demo_workspace()
-        db.session.commit()
-        brand_id, token = workspace.brand.id, workspace.bootstrap_token
-        create_api_key(
-            brand_id=brand_id, name="orders-service", scopes=("read", "write"), created_by="tests"
-        )
-        issued = register_endpoint(
-            brand_id=brand_id,
-            url=receiver.url,
-            events=None,
-            policy=UrlPolicy(https_only=False, allow_local=True),
-        )
-        receiver.secrets.append(issued.signing_secret)
-        db.session.commit()
-    # Some attempts fail, so the log shows retries and a failure beside the deliveries.
-    receiver.reply_with(Reply(status=500, body=b"upstream timeout"), Reply(status=503))
-    with app.app_context():
-        for _ in range(6):
-            simulate_step(brand_id=brand_id)
-            db.session.commit()
-    wait_until_settled(app, brand_id)
+    demo = seed_demo_with_deliveries(app, receiver)
 
     def shoot(page, name: str, **options) -> None:
         if folder is not None:
@@ -288,12 +330,13 @@ def test_every_main_page_shows_the_demo_workspace(browser, live, context, app, r
     page.goto("/dashboard/sign-in")
     shoot(page, "sign-in")
     page.get_by_role("link", name="create your brand's first key").click()
-    page.get_by_label("Brand id").fill(brand_id)
-    page.get_by_label("Bootstrap token").fill(token)
+    page.get_by_label("Brand id").fill(demo.brand_id)
+    page.get_by_label("Bootstrap token").fill(demo.bootstrap_token)
     page.get_by_role("button", name="Create key and sign in").click()
     page.get_by_role("link", name="I stored it: continue to the dashboard").click()
-    expect(page.get_by_role("heading", name=workspace_name(app, brand_id))).to_be_visible()
-    shoot(page, "overview")
+    expect(page.get_by_role("heading", name=demo.name)).to_be_visible()
+    expect(page.get_by_role("row").filter(has_text=DOWN_URL)).to_contain_text("failing")
+    shoot(page, "overview", full_page=True)
 
     nav = page.get_by_role("navigation", name="Dashboard")
     for label, name in [
@@ -305,8 +348,19 @@ def test_every_main_page_shows_the_demo_workspace(browser, live, context, app, r
         ("Events", "events"),
     ]:
         nav.get_by_role("link", name=label, exact=True).click()
-        expect(page.get_by_role("heading", level=1)).to_be_visible()
-        shoot(page, name)
+        expect(page.get_by_role("heading", name=label, exact=True)).to_be_visible()
+        shoot(page, name, full_page=True)
+
+    # The healthy endpoint's page, with its verification snippets.
+    nav.get_by_role("link", name="Webhook endpoints").click()
+    page.get_by_role("link", name=receiver.url).click()
+    expect(page.get_by_role("heading", name="Verify signatures")).to_be_visible()
+    shoot(page, "endpoint", full_page=True)
+
+    # A delivery that failed once and then arrived: both attempts, and what was sent.
+    page.goto(f"/dashboard/deliveries/{demo.retried_delivery_id}")
+    expect(page.get_by_text("upstream timeout").first).to_be_visible()
+    shoot(page, "delivery", full_page=True)
 
     phone = browser.new_context(
         viewport=PHONE,
@@ -318,16 +372,70 @@ def test_every_main_page_shows_the_demo_workspace(browser, live, context, app, r
     try:
         phone_page = phone.new_page()
         phone_page.goto("/dashboard/")
-        expect(phone_page.get_by_role("heading", level=1)).to_be_visible()
+        expect(phone_page.get_by_role("heading", name=demo.name)).to_be_visible()
         assert_no_sideways_scroll(phone_page)
         shoot(phone_page, "overview-phone", full_page=True)
     finally:
         phone.close()
 
 
-def workspace_name(app, brand_id: str) -> str:
+# Nothing listens on the discard port: every attempt to it is refused at once.
+DOWN_URL = "http://127.0.0.1:9/orders/webhooks"
+
+
+@dataclass
+class Demo:
+    brand_id: str
+    name: str
+    bootstrap_token: str
+    retried_delivery_id: str
+
+
+def seed_demo_with_deliveries(app, receiver: Receiver) -> Demo:
+    """`flask demo seed`, a second key, an endpoint at the receiver (whose first answer is a
+    500) and one that is down, then `flask demo simulate` until there are deliveries of every
+    status; waits until none is pending."""
+    local = UrlPolicy(https_only=False, allow_local=True)
+    receiver.reply_with(Reply(status=500, body=b"upstream timeout"))
     with app.app_context():
-        return db.session.get(Brand, brand_id).name
+        workspace = seed_demo_workspace()
+        db.session.commit()
+        demo = Demo(workspace.brand.id, workspace.brand.name, workspace.bootstrap_token, "")
+        create_api_key(
+            brand_id=demo.brand_id,
+            name="orders-service",
+            scopes=("read", "write"),
+            created_by="tests",
+        )
+        every_event = [name for name in EVENT_NAMES if name != TEST_EVENT]
+        issued = register_endpoint(
+            brand_id=demo.brand_id, url=receiver.url, events=every_event, policy=local
+        )
+        receiver.secrets.append(issued.signing_secret)
+        healthy_endpoint_id = issued.id
+        register_endpoint(
+            brand_id=demo.brand_id,
+            url=DOWN_URL,
+            events=["deal.completed", "escrow.released"],
+            policy=local,
+        )
+        db.session.commit()
+        for _ in range(8):
+            simulate_step(brand_id=demo.brand_id)
+            db.session.commit()
+    wait_until_settled(app, demo.brand_id)
+    with app.app_context():
+        demo.retried_delivery_id = db.session.scalar(
+            select(WebhookDelivery.id).where(
+                WebhookDelivery.brand_id == demo.brand_id,
+                WebhookDelivery.endpoint_id == healthy_endpoint_id,
+                WebhookDelivery.status == "delivered",
+                WebhookDelivery.attempt_count == 2,
+            )
+        )
+        db.session.remove()
+    assert demo.retried_delivery_id, "no delivery was retried"
+    return demo
 
 
 def wait_until_settled(app, brand_id: str, timeout: float = 30.0) -> None:
