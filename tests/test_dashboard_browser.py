@@ -103,6 +103,12 @@ def sign_in_with_key(page, secret: str) -> None:
     expect(page.get_by_role("navigation", name="Dashboard")).to_be_visible()
 
 
+def assert_readable_width(field) -> None:
+    """A signed-out form uses the page's width on a laptop, not a sidebar-sized column."""
+    box = field.bounding_box()
+    assert box is not None and box["width"] >= 300, f"the field is {box} wide"
+
+
 def mark_document(page) -> None:
     """Set a marker on this document; it is gone after any navigation or reload."""
     page.evaluate("window.__sameDocument = true")
@@ -130,8 +136,10 @@ def test_a_developer_goes_from_bootstrap_token_to_signed_webhooks_and_revokes_th
     page.goto("/dashboard/")
     expect(page).to_have_url(SIGN_IN_URL)
     expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
+    assert_readable_width(page.get_by_label("API key"))
     page.get_by_role("link", name="create your brand's first key").click()
     expect(page.get_by_role("heading", name="Create your first API key")).to_be_visible()
+    assert_readable_width(page.get_by_label("Brand id"))
     page.get_by_label("Brand id").fill(brand_id)
     page.get_by_label("Bootstrap token").fill(token)
     page.get_by_role("button", name="Create key and sign in").click()
