@@ -10,7 +10,7 @@ the deliveries are still in the database, due, and the worker's sweeper finds th
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -61,44 +61,63 @@ def publish_event(
         raise ValidationFailed("Event data must be a JSON object", {"data": ["Not an object."]})
     now = now or utcnow()
     event_id = new_id("evt")
-    body = json.dumps(
-        {
-            "id": event_id,
-            "type": name,
-            "createdAt": iso_timestamp(now),
-            "brandId": brand_id,
-            "apiVersion": API_VERSION,
-            "data": data,
-        },
-        separators=(",", ":"),
-        ensure_ascii=False,
-    )
+    body = _dumps(_envelope(event_id, name, brand_id, now) | {"data": data})
     event = WebhookEvent(id=event_id, brand_id=brand_id, name=name, body=body, created_at=now)
     # The caller's pending changes first (a brand created in this transaction, say): the
     # event's rows go in through Core, which does not flush the session.
     db.session.flush()
     connection = db.session.connection()
-    event_row = {
-        "id": event_id,
-        "brand_id": brand_id,
-        "name": name,
-        "body": body,
-        "created_at": now,
-    }
     if connection.dialect.name == "postgresql" and only_endpoint_ids is None:
         # One round trip for the event and its fan-out (every event, a postback's among them,
         # runs this). The deliveries' ids share one new id and end in two digits, one per
         # endpoint: unique, and sorted together in the delivery log.
         delivered = connection.execute(
-            _PUBLISH_ON_POSTGRESQL, event_row | {"delivery_id_base": new_id("whd")}
+            _PUBLISH_ON_POSTGRESQL,
+            {
+                "event_id": event_id,
+                "brand_id": brand_id,
+                "event_name": name,
+                "body": body,
+                "created_at": now,
+                "delivery_id_base": new_id("whd"),
+            },
         ).all()
         _wake_after_commit(row.endpoint_id for row in delivered)
         return PublishedEvent(event=event, delivery_ids=[row.id for row in delivered])
-    connection.execute(_INSERT_EVENT, event_row)
+    connection.execute(
+        _INSERT_EVENT,
+        {"id": event_id, "brand_id": brand_id, "name": name, "body": body, "created_at": now},
+    )
     endpoints = connection.execute(_OPEN_ENDPOINTS, {"brand_id": brand_id})
     endpoint_ids = _receiving(endpoints, name, only_endpoint_ids)
     delivery_ids = _add_deliveries(connection, brand_id, event_id, name, endpoint_ids, now)
     return PublishedEvent(event=event, delivery_ids=delivery_ids)
+
+
+def event_body_around(
+    *, event_id: str, name: str, brand_id: str, now: datetime, data: dict, keys: Sequence[str]
+) -> tuple[str, str]:
+    """The body `publish_event` would write, cut where the consecutive `keys` of `data` go:
+    (head, tail) such that the body is `head + '"k1":v1,"k2":v2' + tail` (compact JSON, the
+    keys in that order). For a statement that learns those values itself and writes the event
+    in the same round trip (a postback's link, campaign and deal)."""
+    names = list(data)
+    start = names.index(keys[0])
+    if names[start : start + len(keys)] != list(keys):
+        raise ValueError(f"{keys} are not consecutive in the event data")
+    before = {key: data[key] for key in names[:start]}
+    after = {key: data[key] for key in names[start + len(keys) :]}
+    # json.dumps writes an object as "{" + members joined by "," + "}": cut at the members.
+    head = _dumps(_envelope(event_id, name, brand_id, now))[:-1] + ',"data":'
+    head += _dumps(before)[:-1] + ("," if before else "")
+    tail = ("," if after else "") + _dumps(after)[1:] + "}"
+    return head, tail
+
+
+def wake_after_commit(endpoint_ids: Iterable[str]) -> None:
+    """Note the endpoints whose drain `workers.dispatch` queues once the transaction commits
+    (for a statement that wrote deliveries itself, with `PUBLISH_CTES_POSTGRESQL`)."""
+    _wake_after_commit(endpoint_ids)
 
 
 def deliver_again(
@@ -146,6 +165,20 @@ def _wake_after_commit(endpoint_ids: Iterable[str]) -> None:
     db.session.info.setdefault(WAKE_AFTER_COMMIT, set()).update(endpoint_ids)
 
 
+def _envelope(event_id: str, name: str, brand_id: str, now: datetime) -> dict:
+    return {
+        "id": event_id,
+        "type": name,
+        "createdAt": iso_timestamp(now),
+        "brandId": brand_id,
+        "apiVersion": API_VERSION,
+    }
+
+
+def _dumps(value: dict) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
 def _receiving(endpoints, name: str, only_endpoint_ids: Collection[str] | None) -> list[str]:
     """Of the brand's open endpoints, those that receive the event: the subscribed ones, or
     exactly `only_endpoint_ids` (the test ping)."""
@@ -165,27 +198,35 @@ _OPEN_ENDPOINTS = select(_endpoints.id, _endpoints.events).where(
     _endpoints.brand_id == bindparam("brand_id"), *_IS_OPEN
 )
 # The event, and a pending delivery to each open endpoint subscribed to it (at most
-# MAX_ENDPOINTS_PER_BRAND, so two digits number them), in one statement.
-_PUBLISH_ON_POSTGRESQL = text(
-    """
-    WITH event AS (
+# MAX_ENDPOINTS_PER_BRAND, so two digits number them), as two CTEs of one statement: `event`
+# inserts the event from the rows of `{source}` (one row, or none to publish nothing) with the
+# body `{body}`, an SQL expression; `deliveries` returns each delivery's (id, endpoint_id). The
+# statement binds :event_id, :brand_id, :event_name, :created_at, :delivery_id_base and
+# :pending (PENDING).
+PUBLISH_CTES_POSTGRESQL = """
+    event AS (
         INSERT INTO webhook_events (id, brand_id, name, body, created_at)
-        VALUES (:id, :brand_id, :name, :body, :created_at)
+        SELECT :event_id, :brand_id, :event_name, {body}, :created_at FROM {source}
         RETURNING id, brand_id, name, created_at
-    )
-    INSERT INTO webhook_deliveries (
-        id, brand_id, endpoint_id, event_id, event_name, status, attempt_count,
-        next_attempt_at, created_at
-    )
-    SELECT :delivery_id_base
-               || lpad(CAST(row_number() OVER (ORDER BY endpoint.id) AS TEXT), 2, '0'),
-           event.brand_id, endpoint.id, event.id, event.name, :pending, 0,
-           event.created_at, event.created_at
-    FROM event JOIN webhook_endpoints AS endpoint ON endpoint.brand_id = event.brand_id
-    WHERE endpoint.disabled_at IS NULL AND endpoint.deleted_at IS NULL
-      AND CAST(endpoint.events AS JSONB) ? event.name
-    RETURNING id, endpoint_id
-    """
+    ),
+    deliveries AS (
+        INSERT INTO webhook_deliveries (
+            id, brand_id, endpoint_id, event_id, event_name, status, attempt_count,
+            next_attempt_at, created_at
+        )
+        SELECT :delivery_id_base
+                   || lpad(CAST(row_number() OVER (ORDER BY endpoint.id) AS TEXT), 2, '0'),
+               event.brand_id, endpoint.id, event.id, event.name, :pending, 0,
+               event.created_at, event.created_at
+        FROM event JOIN webhook_endpoints AS endpoint ON endpoint.brand_id = event.brand_id
+        WHERE endpoint.disabled_at IS NULL AND endpoint.deleted_at IS NULL
+          AND CAST(endpoint.events AS JSONB) ? event.name
+        RETURNING id, endpoint_id
+    )"""
+_PUBLISH_ON_POSTGRESQL = text(
+    "WITH"  # noqa: S608 - constant SQL, put together at import
+    + PUBLISH_CTES_POSTGRESQL.format(body=":body", source="(SELECT 1) AS one")
+    + "\n    SELECT id, endpoint_id FROM deliveries"
 ).bindparams(
     bindparam("created_at", type_=WebhookEvent.__table__.c.created_at.type),
     pending=PENDING,

@@ -32,21 +32,27 @@ from sqlalchemy import (
     and_,
     bindparam,
     case,
-    func,
     literal,
     select,
+    text,
     true,
     update,
 )
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects import sqlite
 
 from extensions import db
 from models import Conversion, TrackedLink
 from models.columns import new_id, utcnow
 from models.money import NGN
+from models.webhook_delivery import PENDING
 from schemas.conversions import ConversionSchema
 from services.errors import Conflict
-from services.events import publish_event
+from services.events import (
+    PUBLISH_CTES_POSTGRESQL,
+    event_body_around,
+    publish_event,
+    wake_after_commit,
+)
 from services.failpoints import failpoint
 
 DEFAULT_IN_FLIGHT_WINDOW_SECONDS = 120
@@ -113,18 +119,17 @@ def record_postback(
         attributed=postback.attributed,
         created_at=now,
     )
+    # Pending changes of the caller's (a link created in this transaction, say) first: the
+    # statements below go through Core, which does not flush the session.
+    db.session.flush()
     connection = db.session.connection()
     parameters = {f"new_{name}": getattr(conversion, attribute) for name, attribute in _INSERTED}
     if connection.dialect.name == "postgresql":
-        statement = _TAKE_KEY_AND_INSERT_POSTGRESQL
-        parameters["lock_id"] = _lock_id(brand_id, idempotency_key)
-        parameters["window_ms"] = str(in_flight_window * 1000)
-    else:
-        statement = _TAKE_KEY_AND_INSERT_SQLITE
-    taken = connection.execute(statement, parameters).first()
+        return _record_on_postgresql(connection, conversion, parameters, in_flight_window)
+
+    taken = connection.execute(_TAKE_KEY_AND_INSERT_SQLITE, parameters).first()
     if taken is None:
         return PostbackOutcome(conversion=_stored(brand_id, idempotency_key), replay=True)
-
     conversion.link_id, conversion.campaign_id, conversion.deal_id = taken
     publish_event(
         brand_id=brand_id,
@@ -145,6 +150,47 @@ def record_postback(
         )
     # The last moment before the caller commits: the key, the conversion, the event and the
     # counters are all written and none is visible yet. Tests crash or hang a server here.
+    failpoint("postback.before_commit")
+    return PostbackOutcome(conversion=conversion, replay=False)
+
+
+def _record_on_postgresql(
+    connection, conversion: Conversion, parameters: dict, in_flight_window: int
+) -> PostbackOutcome:
+    """Everything in ONE statement (`_RECORD_ON_POSTGRESQL`): take the key, store the
+    conversion on its link, raise the link's counters, publish `conversion.recorded` with its
+    deliveries. The event's body is written by the statement around the link, campaign and
+    deal it finds (`event_body_around`), byte for byte what `publish_event` would write."""
+    event_id = new_id("evt")
+    # The event's data, less what only the statement knows: its link, campaign and deal.
+    body_head, body_tail = event_body_around(
+        event_id=event_id,
+        name=CONVERSION_RECORDED,
+        brand_id=conversion.brand_id,
+        now=conversion.created_at,
+        data=_conversion_schema.dump(conversion),
+        keys=_FOUND_BY_THE_STATEMENT,
+    )
+    parameters |= {
+        "lock_id": _lock_id(conversion.brand_id, conversion.idempotency_key),
+        "window_ms": str(in_flight_window * 1000),
+        "event_id": event_id,
+        "brand_id": conversion.brand_id,
+        "created_at": conversion.created_at,
+        "body_head": body_head,
+        "body_tail": body_tail,
+        "delivery_id_base": new_id("whd"),
+    }
+    recorded = connection.execute(_RECORD_ON_POSTGRESQL, parameters).first()
+    if recorded is None:
+        # The key was in flight elsewhere, or its conversion exists: nothing was written.
+        return PostbackOutcome(
+            conversion=_stored(conversion.brand_id, conversion.idempotency_key), replay=True
+        )
+    conversion.link_id, conversion.campaign_id, conversion.deal_id, endpoint_ids = recorded
+    wake_after_commit(endpoint_ids)
+    # The last moment before the caller commits: the key, the conversion, the counters and the
+    # event are all written and none is visible yet. Tests crash or hang a server here.
     failpoint("postback.before_commit")
     return PostbackOutcome(conversion=conversion, replay=False)
 
@@ -221,20 +267,76 @@ def _take_key_and_insert(claim, taken, insert):
     )
 
 
-def _postgresql_claim():
-    """Take the key's advisory lock without waiting, and bound this transaction by the
-    in-flight window: a hung request is ended by the database when the window has passed."""
-    window = bindparam("window_ms", type_=Text)
-    return select(
-        func.pg_try_advisory_xact_lock(bindparam("lock_id", type_=BigInteger)).label("taken"),
-        func.set_config("statement_timeout", window, True).label("statement_limit"),
-        func.set_config("idle_in_transaction_session_timeout", window, True).label("idle_limit"),
-    ).cte("claim")
-
-
-_postgresql_key = _postgresql_claim()
-_TAKE_KEY_AND_INSERT_POSTGRESQL = _take_key_and_insert(
-    _postgresql_key, _postgresql_key.c.taken, postgresql.insert
+# The keys of the event's data that the statement fills in, in the order of ConversionSchema.
+_FOUND_BY_THE_STATEMENT = ("linkId", "campaignId", "dealId")
+# On PostgreSQL, a new postback is one statement and its commit:
+# - `claim` takes the key's advisory lock without waiting, and bounds this transaction by the
+#   in-flight window (a hung request is ended by the database when the window has passed);
+# - `link` is the calling brand's link of that code (rule 1); an unknown code, or another
+#   brand's, finds none and the conversion is stored on no link (rule 3);
+# - `conversion` inserts it, only when the key was taken and is new (ON CONFLICT: a replay);
+# - `counted` raises the link's counters; a conversion in another currency than the link's is
+#   counted, but its value is not added: there is no rate to convert it at. The link's row
+#   stays locked from here to the commit, the round trip after this one;
+# - `event` and `deliveries` publish conversion.recorded (services.events), its body the JSON
+#   that publish_event would write, with the link, campaign and deal found here spliced in
+#   (every id is plain ASCII, so to_json writes them as json.dumps does).
+# It returns one row when it recorded the postback; none when the key was in flight elsewhere
+# or its conversion exists, and then it wrote nothing.
+_TAKE_KEY_AND_COUNT = """
+    WITH claim AS (
+        SELECT pg_try_advisory_xact_lock(:lock_id) AS taken,
+               set_config('statement_timeout', :window_ms, true) AS statement_limit,
+               set_config('idle_in_transaction_session_timeout', :window_ms, true) AS idle_limit
+    ),
+    link AS (
+        SELECT id, campaign_id, deal_id FROM tracked_links
+        WHERE brand_id = :new_brand_id AND code = :new_link_code
+    ),
+    conversion AS (
+        INSERT INTO conversions (
+            id, brand_id, idempotency_key, event_type, click_id, link_code, value_minor,
+            currency, metadata, attributed, created_at, link_id, campaign_id, deal_id
+        )
+        SELECT :new_id, :new_brand_id, :new_idempotency_key, :new_event_type, :new_click_id,
+               :new_link_code, :new_value_minor, :new_currency, :new_metadata,
+               :new_attributed, :new_created_at, link.id, link.campaign_id, link.deal_id
+        FROM claim LEFT JOIN link ON true
+        WHERE claim.taken
+        ON CONFLICT (brand_id, idempotency_key) DO NOTHING
+        RETURNING link_id, campaign_id, deal_id
+    ),
+    counted AS (
+        UPDATE tracked_links
+        SET conversions = tracked_links.conversions + 1,
+            conversion_value_minor = tracked_links.conversion_value_minor
+                + CASE WHEN tracked_links.currency = :new_currency THEN :new_value_minor
+                       ELSE 0 END
+        FROM conversion WHERE tracked_links.id = conversion.link_id
+        RETURNING tracked_links.id
+    ),"""
+_RECORD_ON_POSTGRESQL = text(
+    _TAKE_KEY_AND_COUNT  # noqa: S608 - constant SQL, put together at import
+    + PUBLISH_CTES_POSTGRESQL.format(
+        source="conversion",
+        body=":body_head"
+        """ || '"linkId":' || coalesce(to_json(conversion.link_id)::text, 'null')"""
+        """ || ',"campaignId":' || coalesce(to_json(conversion.campaign_id)::text, 'null')"""
+        """ || ',"dealId":' || coalesce(to_json(conversion.deal_id)::text, 'null')"""
+        " || :body_tail",
+    )
+    + """
+    SELECT conversion.link_id, conversion.campaign_id, conversion.deal_id,
+           ARRAY(SELECT endpoint_id FROM deliveries) AS endpoint_ids
+    FROM conversion
+    """
+).bindparams(
+    bindparam("lock_id", type_=BigInteger),
+    bindparam("window_ms", type_=Text),
+    *(bindparam(f"new_{name}", type_=_conversions[name].type) for name, _ in _INSERTED),
+    bindparam("event_name", value=CONVERSION_RECORDED),
+    bindparam("created_at", type_=_conversions["created_at"].type),
+    bindparam("pending", value=PENDING),
 )
 # SQLite serializes writers: there is nothing to claim, only a row to join the link to.
 _TAKE_KEY_AND_INSERT_SQLITE = _take_key_and_insert(

@@ -12,6 +12,7 @@ from sqlalchemy import func, select
 
 from extensions import db
 from models import Conversion, WebhookDelivery, WebhookEvent
+from schemas.conversions import ConversionSchema
 from services.event_catalog import sample_data
 from tests.helpers import assert_error, assert_success
 from tests.platform_factory import PlatformFactory
@@ -580,6 +581,43 @@ def test_a_new_conversion_publishes_its_stored_record_once(app, shop):
             select(WebhookDelivery).where(WebhookDelivery.event_id == event["id"])
         ).all()
         assert (delivery.endpoint_id, delivery.status) == (shop.endpoint, "pending")
+
+
+def test_every_event_body_is_written_as_publish_event_writes_one(app, shop):
+    """Deliveries are signed and sent as stored. On PostgreSQL a postback's one statement writes
+    the body around the link, campaign and deal it finds: whatever it finds, the body must be
+    the compact JSON, keys in order, non-ASCII as is, that publish_event writes for any event."""
+    postbacks = {
+        "body-deal-link-0001": PURCHASE,
+        "body-campaign-link1": {"eventType": "lead", "linkCode": "KOLA"},
+        "body-unknown-code01": {
+            "eventType": "purchase",
+            "linkCode": "MYSTERY",
+            "metadata": {"note": 'Ẹ k\u00e1 "quoted" \\ ✓', "linkId": None},
+        },
+        "body-no-link-00001": {"eventType": "signup", "clickId": "clk_01"},
+    }
+    recorded = {
+        assert_success(shop.post(body, idempotency_key=key), 201)["conversionId"]
+        for key, body in postbacks.items()
+    }
+
+    events = recorded_events(app, shop.brand)
+    assert {event["data"]["id"] for event in events} == recorded
+    with app.app_context():
+        bodies = db.session.scalars(
+            select(WebhookEvent.body).where(
+                WebhookEvent.brand_id == shop.brand, WebhookEvent.name == "conversion.recorded"
+            )
+        ).all()
+    data_keys = [field.data_key for field in ConversionSchema().fields.values()]
+    assert len(bodies) == len(postbacks)
+    for body in bodies:
+        event = json.loads(body)
+        assert body == json.dumps(event, separators=(",", ":"), ensure_ascii=False)
+        assert list(event) == ["id", "type", "createdAt", "brandId", "apiVersion", "data"]
+        assert list(event["data"]) == data_keys
+        assert event["data"] == shop.conversion(event["data"]["id"])
 
 
 def test_the_catalogue_sample_has_the_keys_of_the_real_event(app, shop):
