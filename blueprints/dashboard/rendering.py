@@ -14,7 +14,9 @@ from services.errors import ValidationFailed
 def render(page: str, *, fragment: str | None = None, status: int = 200, **context):
     """`page` for a browser navigating; `fragment` (a template the page includes) for htmx,
     followed by the flash messages, which htmx swaps into the page's flash region."""
-    if fragment is None or not is_htmx():
+    # htmx restoring a page from history (back button) wants the whole page, not a fragment.
+    restoring = request.headers.get("HX-History-Restore-Request") == "true"
+    if fragment is None or not is_htmx() or restoring:
         return render_template(page, **context), status
     body = render_template(fragment, **context) + render_template(
         "dashboard/_flashes.html", oob=True
