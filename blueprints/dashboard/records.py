@@ -1,16 +1,134 @@
-"""Placeholder: being built (dashboard issue 6)."""
+"""Conversions and tracked links: the brand's stored conversion postbacks with the API's filters
+and one conversion's page, and its tracked links with their counters (SPEC sections 2 and 4,
+CONTRACT 4 and 5).
+
+Read-only: each list parses its query through the API's own query schema and calls the service
+the JSON route calls (fetchPostbacks and fetchConversion in blueprints/api/conversions.py,
+fetchLinks in blueprints/api/platform_data.py); rows are the API's response schemas' dumps.
+"""
+
+from __future__ import annotations
+
+import json
+
+from flask import request, url_for
 
 from blueprints.dashboard import dashboard
-from blueprints.dashboard.session import signed_in
+from blueprints.dashboard.rendering import load_query, render
+from blueprints.dashboard.session import current_caller, signed_in
+from schemas.campaigns import CampaignSchema
+from schemas.conversions import IDEMPOTENCY_KEY_HEADER, ConversionQuerySchema, ConversionSchema
+from schemas.envelope import PageMetaSchema
+from schemas.tracked_links import TrackedLinkQuerySchema, TrackedLinkSchema
+from services.campaigns import get_campaign
+from services.conversions import get_conversion, list_conversions
+from services.errors import ValidationFailed
+from services.tracked_links import list_links
+
+CONVERSION_FILTERS = ("eventType", "linkCode", "campaignId", "dealId", "attributed", "sortOrder")
+LINK_FILTERS = ("campaignId", "dealId", "code")
+
+_conversion_query = ConversionQuerySchema()
+_conversions = ConversionSchema(many=True)
+_conversion = ConversionSchema()
+_link_query = TrackedLinkQuerySchema()
+_links = TrackedLinkSchema(many=True)
+_campaign = CampaignSchema()
+_meta = PageMetaSchema()
+
+
+def _chosen(names: tuple[str, ...]) -> dict[str, str]:
+    """The filters as the URL gave them (and `limit`), to refill the form and build page links."""
+    return {name: request.args[name] for name in (*names, "limit") if request.args.get(name)}
+
+
+# ---- conversions ----
+
+
+def _postback_example(brand_id: str) -> dict:
+    """What the empty state's curl fills in: the API's own route for this brand."""
+    return {
+        "url": url_for("api.record_postback_route", brand_id=brand_id, _external=True),
+        "header": IDEMPOTENCY_KEY_HEADER,
+    }
 
 
 @dashboard.get("/conversions")
 @signed_in()
 def conversions():
-    return "conversions"
+    """fetchPostbacks: the same filters, order and paging as the API."""
+    brand_id = current_caller().brand_id
+    context = {
+        "chosen": _chosen(CONVERSION_FILTERS),
+        "conversions": [],
+        "meta": None,
+        "errors": {},
+        "postback": _postback_example(brand_id),
+    }
+    try:
+        query = load_query(_conversion_query)
+    except ValidationFailed as error:
+        # 422: htmx swaps it in (layout.html), so the message shows where the list was.
+        context["errors"] = error.errors
+        return render(
+            "dashboard/conversions.html",
+            fragment="dashboard/_conversion_results.html",
+            status=422,
+            **context,
+        )
+    page = list_conversions(brand_id=brand_id, **query)
+    context.update(conversions=_conversions.dump(page.items), meta=_meta.dump(page))
+    return render(
+        "dashboard/conversions.html", fragment="dashboard/_conversion_results.html", **context
+    )
+
+
+@dashboard.get("/conversions/<conversion_id>")
+@signed_in()
+def conversion(conversion_id: str):
+    """fetchConversion: another brand's id is NotFound, as in the API."""
+    record = _conversion.dump(get_conversion(current_caller().brand_id, conversion_id))
+    return render(
+        "dashboard/conversion.html",
+        conversion=record,
+        metadata=json.dumps(record["metadata"], indent=2, ensure_ascii=False),
+    )
+
+
+# ---- tracked links ----
+
+
+def _campaign_names(brand_id: str, links: list[dict]) -> dict[str, str]:
+    """The name of each campaign on the page (a page holds at most `limit` links)."""
+    ids = {link["campaignId"] for link in links}
+    return {id: _campaign.dump(get_campaign(brand_id, id))["name"] for id in sorted(ids)}
 
 
 @dashboard.get("/links")
 @signed_in()
 def links():
-    return "links"
+    """fetchLinks, each link with its clicks and attributed conversions."""
+    brand_id = current_caller().brand_id
+    context = {
+        "chosen": _chosen(LINK_FILTERS),
+        "links": [],
+        "campaign_names": {},
+        "meta": None,
+        "errors": {},
+    }
+    try:
+        query = load_query(_link_query)
+    except ValidationFailed as error:
+        context["errors"] = error.errors
+        return render(
+            "dashboard/links.html",
+            fragment="dashboard/_link_results.html",
+            status=422,
+            **context,
+        )
+    page = list_links(brand_id=brand_id, **query)
+    rows = _links.dump(page.items)
+    context.update(
+        links=rows, campaign_names=_campaign_names(brand_id, rows), meta=_meta.dump(page)
+    )
+    return render("dashboard/links.html", fragment="dashboard/_link_results.html", **context)
