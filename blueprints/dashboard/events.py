@@ -1,10 +1,61 @@
-"""Placeholder: being built (dashboard issue 6)."""
+"""Events: the catalogue of SPEC section 6 grouped by resource, each event with what it means, the
+body a receiver gets for it, the default subscription, and which of the brand's endpoints
+subscribe to it (CONTRACT 6.1).
+
+The bodies are the catalogue's samples (`sample_data`, as the OpenAPI callback and `flask events
+emit` use them) in the envelope `publish_event` writes, with this brand's id.
+"""
+
+from __future__ import annotations
+
+import json
 
 from blueprints.dashboard import dashboard
-from blueprints.dashboard.session import signed_in
+from blueprints.dashboard.rendering import render
+from blueprints.dashboard.session import current_caller, signed_in
+from schemas.webhooks import EndpointSchema
+from services.event_catalog import DEFAULT_SUBSCRIPTION, EVENT_TYPES, TEST_EVENT, sample_data
+from services.events import API_VERSION
+from services.webhook_endpoints import list_endpoints
+
+SAMPLE_EVENT_ID = "evt_01jd3kw3x5y7z9a1b3c5d7e9f1"
+SAMPLE_CREATED_AT = "2026-11-20T08:15:00.000Z"
+
+_endpoints = EndpointSchema(many=True)
+
+
+def _sample_body(name: str, brand_id: str) -> str:
+    body = {
+        "id": SAMPLE_EVENT_ID,
+        "type": name,
+        "createdAt": SAMPLE_CREATED_AT,
+        "brandId": brand_id,
+        "apiVersion": API_VERSION,
+        "data": sample_data(name),
+    }
+    return json.dumps(body, indent=2, ensure_ascii=False)
 
 
 @dashboard.get("/events")
 @signed_in()
 def events():
-    return "events"
+    brand_id = current_caller().brand_id
+    endpoints = _endpoints.dump(list_endpoints(brand_id))
+    groups: dict[str, list[dict]] = {}
+    for event in EVENT_TYPES.values():
+        groups.setdefault(event.resource, []).append(
+            {
+                "name": event.name,
+                "description": event.description,
+                "default": event.name in DEFAULT_SUBSCRIPTION,
+                "test": event.name == TEST_EVENT,
+                "subscribers": [e for e in endpoints if event.name in e["events"]],
+                "sample": _sample_body(event.name, brand_id),
+            }
+        )
+    return render(
+        "dashboard/events.html",
+        groups=list(groups.items()),
+        endpoints=endpoints,
+        default_subscription=DEFAULT_SUBSCRIPTION,
+    )
