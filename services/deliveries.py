@@ -76,6 +76,28 @@ def get_delivery(brand_id: str, delivery_id: str) -> WebhookDelivery:
     return delivery
 
 
+def get_delivery_and_endpoint(
+    brand_id: str, delivery_id: str
+) -> tuple[WebhookDelivery, WebhookEndpoint | None]:
+    """The delivery and its endpoint (None once deleted) in one query: one row of the log,
+    which the dashboard asks for again while the delivery is pending.
+
+    :raise NotFound: no such delivery in this brand.
+    """
+    row = db.session.execute(
+        select(WebhookDelivery, WebhookEndpoint)
+        .outerjoin(
+            WebhookEndpoint,
+            (WebhookEndpoint.id == WebhookDelivery.endpoint_id)
+            & WebhookEndpoint.deleted_at.is_(None),
+        )
+        .where(WebhookDelivery.id == delivery_id, WebhookDelivery.brand_id == brand_id)
+    ).first()
+    if row is None:
+        raise NotFound(f"No webhook delivery with id {delivery_id!r} in this brand")
+    return row[0], row[1]
+
+
 def get_delivery_detail(brand_id: str, delivery_id: str) -> DeliveryDetail:
     """The delivery, its attempts in order and the event body it sends."""
     delivery = get_delivery(brand_id, delivery_id)
