@@ -419,8 +419,40 @@ def test_a_delivery_shows_each_attempt_with_its_answer(app, client, brand, read_
     assert fragment.index("Attempt 2") < fragment.index("Attempt 1")  # newest first
     assert "As attempt 2 sent them" in fragment
     assert re.search(r"X-Service-Signature: sha256=[0-9a-f]{64}", fragment)
+    assert "whsec_" not in fragment  # the signature, never the secret
     assert "X-Service-Timestamp: " in fragment
     assert "Delivered at</dt><dd><time" in fragment
+
+
+def test_a_pending_detail_stops_asking_after_five_minutes(app, client, brand, read_key):
+    _endpoint(app, brand)
+    [pending] = _publish(app, brand)
+    token = sign_in(client, read_key)
+    url = f"/dashboard/deliveries/{pending}/progress"
+    asking = _text(client.get(f"{url}?polls=148", headers=htmx(token)))
+    assert f'hx-get="{url}?polls=149"' in asking.lstrip().split(">")[0]
+    tired = _text(client.get(f"{url}?polls=149", headers=htmx(token)))
+    assert "hx-trigger" not in tired.lstrip().split(">")[0]
+    assert f'Still pending. <a href="/dashboard/deliveries/{pending}" hx-get="{url}"' in tired
+
+
+def test_a_deleted_endpoints_deliveries_stay_in_the_log(app, client, brand, read_key):
+    endpoint_id = _endpoint(app, brand)
+    [delivery_id] = _publish(app, brand)
+    with app.test_request_context():
+        delete_endpoint(brand_id=brand, endpoint_id=endpoint_id)
+        db.session.commit()
+    token = sign_in(client, read_key)
+    page = _text(client.get("/dashboard/deliveries"))
+    row = _row(page, delivery_id)
+    assert f'<code>{endpoint_id}</code> <span class="muted">(deleted)</span>' in row
+    assert 'status-failed">failed' in row and "hx-trigger" not in _row_tag(page, delivery_id)
+    polled = _text(client.get(f"/dashboard/deliveries/{delivery_id}/row", headers=htmx(token)))
+    assert f'<code>{endpoint_id}</code> <span class="muted">(deleted)</span>' in polled
+    # still a filter value, though no longer in the endpoint list
+    page = _text(client.get(f"/dashboard/deliveries?endpointId={endpoint_id}"))
+    assert _rows(page) == [delivery_id]
+    assert f'<option value="{endpoint_id}" selected>{endpoint_id} (deleted)</option>' in page
 
 
 def test_a_long_response_body_is_shown_as_stored_its_first_2_kib(app, client, brand, read_key):
