@@ -18,10 +18,12 @@ from blueprints.dashboard.rendering import load_query, render
 from blueprints.dashboard.session import current_caller, signed_in
 from schemas.campaigns import CampaignSchema
 from schemas.conversions import IDEMPOTENCY_KEY_HEADER, ConversionQuerySchema, ConversionSchema
+from schemas.deals import DealSchema
 from schemas.envelope import PageMetaSchema
 from schemas.tracked_links import TrackedLinkQuerySchema, TrackedLinkSchema
 from services.campaigns import get_campaign
 from services.conversions import get_conversion, list_conversions
+from services.deals import get_deal
 from services.errors import ValidationFailed
 from services.tracked_links import list_links
 
@@ -34,6 +36,7 @@ _conversion = ConversionSchema()
 _link_query = TrackedLinkQuerySchema()
 _links = TrackedLinkSchema(many=True)
 _campaign = CampaignSchema()
+_deal = DealSchema()
 _meta = PageMetaSchema()
 
 
@@ -61,6 +64,7 @@ def conversions():
     context = {
         "chosen": _chosen(CONVERSION_FILTERS),
         "conversions": [],
+        "names": {},
         "meta": None,
         "errors": {},
         "postback": _postback_example(brand_id),
@@ -77,7 +81,8 @@ def conversions():
             **context,
         )
     page = list_conversions(brand_id=brand_id, **query)
-    context.update(conversions=_conversions.dump(page.items), meta=_meta.dump(page))
+    rows = _conversions.dump(page.items)
+    context.update(conversions=rows, names=_names(brand_id, rows), meta=_meta.dump(page))
     return render(
         "dashboard/conversions.html", fragment="dashboard/_conversion_results.html", **context
     )
@@ -87,10 +92,12 @@ def conversions():
 @signed_in()
 def conversion(conversion_id: str):
     """fetchConversion: another brand's id is NotFound, as in the API."""
-    record = _conversion.dump(get_conversion(current_caller().brand_id, conversion_id))
+    brand_id = current_caller().brand_id
+    record = _conversion.dump(get_conversion(brand_id, conversion_id))
     return render(
         "dashboard/conversion.html",
         conversion=record,
+        names=_names(brand_id, [record]),
         metadata=json.dumps(record["metadata"], indent=2, ensure_ascii=False),
     )
 
@@ -98,10 +105,14 @@ def conversion(conversion_id: str):
 # ---- tracked links ----
 
 
-def _campaign_names(brand_id: str, links: list[dict]) -> dict[str, str]:
-    """The name of each campaign on the page (a page holds at most `limit` links)."""
-    ids = {link["campaignId"] for link in links}
-    return {id: _campaign.dump(get_campaign(brand_id, id))["name"] for id in sorted(ids)}
+def _names(brand_id: str, rows: list[dict]) -> dict[str, str]:
+    """A label for each campaign (its name) and deal (its creator's handle) the rows name, as
+    the API's fetchCampaign and fetchDeal show them; a page holds at most `limit` rows."""
+    campaign_ids = {row["campaignId"] for row in rows if row["campaignId"]}
+    deal_ids = {row["dealId"] for row in rows if row["dealId"]}
+    names = {id: _campaign.dump(get_campaign(brand_id, id))["name"] for id in campaign_ids}
+    names |= {id: _deal.dump(get_deal(brand_id, id))["creatorHandle"] for id in deal_ids}
+    return names
 
 
 @dashboard.get("/links")
@@ -112,7 +123,7 @@ def links():
     context = {
         "chosen": _chosen(LINK_FILTERS),
         "links": [],
-        "campaign_names": {},
+        "names": {},
         "meta": None,
         "errors": {},
     }
@@ -128,7 +139,5 @@ def links():
         )
     page = list_links(brand_id=brand_id, **query)
     rows = _links.dump(page.items)
-    context.update(
-        links=rows, campaign_names=_campaign_names(brand_id, rows), meta=_meta.dump(page)
-    )
+    context.update(links=rows, names=_names(brand_id, rows), meta=_meta.dump(page))
     return render("dashboard/links.html", fragment="dashboard/_link_results.html", **context)
