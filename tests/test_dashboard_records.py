@@ -346,6 +346,10 @@ def test_links_page_by_page_and_htmx_fragment(app, client, brand, read_key):
     assert "<html" not in page and page.lstrip().startswith('<div id="link-results">')
     assert _rows(second, LINK_ROW) == [shop["deal_link"]]
     assert 'hx-get="/dashboard/links?limit=1&amp;page=1"' in page
+    # the answer is the whole region, so a page link must replace the region, not fill it
+    previous = re.search(r'<a [^>]*hx-get="/dashboard/links\?limit=1&amp;page=1"[^>]*>', page)
+    assert 'hx-target="#link-results"' in previous.group(0)
+    assert 'hx-swap="outerHTML"' in previous.group(0)
 
 
 def test_a_bad_link_filter_says_what_is_wrong(client, brand, read_key):

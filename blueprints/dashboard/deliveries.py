@@ -18,7 +18,7 @@ import json
 from flask import redirect, render_template, request, url_for
 
 from blueprints.dashboard import dashboard
-from blueprints.dashboard.rendering import load_query, render
+from blueprints.dashboard.rendering import chosen_filters, render, render_list
 from blueprints.dashboard.session import current_caller, is_htmx, signed_in
 from extensions import db
 from models.webhook_delivery import DELIVERY_STATUSES, RESPONSE_BODY_MAX_BYTES
@@ -35,13 +35,12 @@ from services.deliveries import (
     list_deliveries,
     redeliver,
 )
-from services.errors import ValidationFailed
 from services.event_catalog import EVENT_NAMES
 from services.signing import DELIVERY_HEADER, EVENT_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER
 from services.webhook_endpoints import list_endpoints
 
-# The query parameters of fetchWebhookDeliveries a page keeps (its links add `page`).
-FILTERS = ("status", "eventName", "endpointId", "sortOrder", "limit")
+# The query parameters of fetchWebhookDeliveries a page keeps (`limit` too; links add `page`).
+FILTERS = ("status", "eventName", "endpointId", "sortOrder")
 # Those that narrow the list (an empty list with one of them set is "nothing matches").
 NARROWING = ("status", "eventName", "endpointId")
 FILTER_LABELS = {
@@ -90,34 +89,26 @@ def _poll_context(polls: int) -> dict:
 def deliveries():
     """fetchWebhookDeliveries: the whole page, or for htmx (filters, pages) the results only."""
     brand_id = current_caller().brand_id
-    chosen = {name: request.args[name] for name in FILTERS if request.args.get(name)}
-    context = {
-        "chosen": chosen,
-        "narrowed": any(name in chosen for name in NARROWING),
-        "statuses": DELIVERY_STATUSES,
-        "event_names": EVENT_NAMES,
-        "endpoints": _endpoints_by_id(brand_id),
-        "filter_labels": FILTER_LABELS,
-        "deliveries": [],
-        "meta": None,
-        "errors": {},
+    chosen = chosen_filters(FILTERS)
+
+    def fetch(query: dict) -> dict:
+        page = list_deliveries(brand_id=brand_id, **query)
+        return {"deliveries": _deliveries.dump(page.items), "meta": _meta.dump(page)}
+
+    return render_list(
+        "dashboard/deliveries.html",
+        fragment="dashboard/_delivery_results.html",
+        query_schema=_query,
+        fetch=fetch,
+        chosen=chosen,
+        narrowed=any(name in chosen for name in NARROWING),
+        statuses=DELIVERY_STATUSES,
+        event_names=EVENT_NAMES,
+        endpoints=_endpoints_by_id(brand_id),
+        filter_labels=FILTER_LABELS,
+        deliveries=[],
+        meta=None,
         **_poll_context(0),
-    }
-    try:
-        query = load_query(_query)
-    except ValidationFailed as error:
-        # The API's own message for each bad parameter, and no list: a form error (422).
-        context["errors"] = error.errors
-        return render(
-            "dashboard/deliveries.html",
-            fragment="dashboard/_delivery_results.html",
-            status=422,
-            **context,
-        )
-    page = list_deliveries(brand_id=brand_id, **query)
-    context.update(deliveries=_deliveries.dump(page.items), meta=_meta.dump(page))
-    return render(
-        "dashboard/deliveries.html", fragment="dashboard/_delivery_results.html", **context
     )
 
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 
-from flask import request, url_for
+from flask import url_for
 
 from blueprints.dashboard import dashboard
-from blueprints.dashboard.rendering import load_query, render
+from blueprints.dashboard.rendering import chosen_filters, render, render_list
 from blueprints.dashboard.session import current_caller, signed_in
 from schemas.campaigns import CampaignSchema
 from schemas.conversions import IDEMPOTENCY_KEY_HEADER, ConversionQuerySchema, ConversionSchema
@@ -24,7 +24,6 @@ from schemas.tracked_links import TrackedLinkQuerySchema, TrackedLinkSchema
 from services.campaigns import get_campaign
 from services.conversions import get_conversion, list_conversions
 from services.deals import get_deal
-from services.errors import ValidationFailed
 from services.tracked_links import list_links
 
 CONVERSION_FILTERS = ("eventType", "linkCode", "campaignId", "dealId", "attributed", "sortOrder")
@@ -38,11 +37,6 @@ _links = TrackedLinkSchema(many=True)
 _campaign = CampaignSchema()
 _deal = DealSchema()
 _meta = PageMetaSchema()
-
-
-def _chosen(names: tuple[str, ...]) -> dict[str, str]:
-    """The filters as the URL gave them (and `limit`), to refill the form and build page links."""
-    return {name: request.args[name] for name in (*names, "limit") if request.args.get(name)}
 
 
 # ---- conversions ----
@@ -61,30 +55,22 @@ def _postback_example(brand_id: str) -> dict:
 def conversions():
     """fetchPostbacks: the same filters, order and paging as the API."""
     brand_id = current_caller().brand_id
-    context = {
-        "chosen": _chosen(CONVERSION_FILTERS),
-        "conversions": [],
-        "names": {},
-        "meta": None,
-        "errors": {},
-        "postback": _postback_example(brand_id),
-    }
-    try:
-        query = load_query(_conversion_query)
-    except ValidationFailed as error:
-        # 422: htmx swaps it in (layout.html), so the message shows where the list was.
-        context["errors"] = error.errors
-        return render(
-            "dashboard/conversions.html",
-            fragment="dashboard/_conversion_results.html",
-            status=422,
-            **context,
-        )
-    page = list_conversions(brand_id=brand_id, **query)
-    rows = _conversions.dump(page.items)
-    context.update(conversions=rows, names=_names(brand_id, rows), meta=_meta.dump(page))
-    return render(
-        "dashboard/conversions.html", fragment="dashboard/_conversion_results.html", **context
+
+    def fetch(query: dict) -> dict:
+        page = list_conversions(brand_id=brand_id, **query)
+        rows = _conversions.dump(page.items)
+        return {"conversions": rows, "names": _names(brand_id, rows), "meta": _meta.dump(page)}
+
+    return render_list(
+        "dashboard/conversions.html",
+        fragment="dashboard/_conversion_results.html",
+        query_schema=_conversion_query,
+        fetch=fetch,
+        chosen=chosen_filters(CONVERSION_FILTERS),
+        conversions=[],
+        names={},
+        meta=None,
+        postback=_postback_example(brand_id),
     )
 
 
@@ -120,24 +106,19 @@ def _names(brand_id: str, rows: list[dict]) -> dict[str, str]:
 def links():
     """fetchLinks, each link with its clicks and attributed conversions."""
     brand_id = current_caller().brand_id
-    context = {
-        "chosen": _chosen(LINK_FILTERS),
-        "links": [],
-        "names": {},
-        "meta": None,
-        "errors": {},
-    }
-    try:
-        query = load_query(_link_query)
-    except ValidationFailed as error:
-        context["errors"] = error.errors
-        return render(
-            "dashboard/links.html",
-            fragment="dashboard/_link_results.html",
-            status=422,
-            **context,
-        )
-    page = list_links(brand_id=brand_id, **query)
-    rows = _links.dump(page.items)
-    context.update(links=rows, names=_names(brand_id, rows), meta=_meta.dump(page))
-    return render("dashboard/links.html", fragment="dashboard/_link_results.html", **context)
+
+    def fetch(query: dict) -> dict:
+        page = list_links(brand_id=brand_id, **query)
+        rows = _links.dump(page.items)
+        return {"links": rows, "names": _names(brand_id, rows), "meta": _meta.dump(page)}
+
+    return render_list(
+        "dashboard/links.html",
+        fragment="dashboard/_link_results.html",
+        query_schema=_link_query,
+        fetch=fetch,
+        chosen=chosen_filters(LINK_FILTERS),
+        links=[],
+        names={},
+        meta=None,
+    )

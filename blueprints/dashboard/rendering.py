@@ -3,6 +3,8 @@ form input is read through the same marshmallow schemas as the JSON API."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 from flask import render_template, request
 from marshmallow import Schema, ValidationError, fields
 
@@ -38,6 +40,31 @@ def load_form(schema: Schema) -> dict:
         elif key in request.form:
             data[key] = request.form[key]
     return load(schema, data)
+
+
+def chosen_filters(names: Iterable[str]) -> dict[str, str]:
+    """The filters the URL gave (an empty value is not given) and `limit`: what refills a
+    list's filter form and its page links."""
+    return {name: request.args[name] for name in (*names, "limit") if request.args.get(name)}
+
+
+def render_list(
+    page: str,
+    *,
+    fragment: str,
+    query_schema: Schema,
+    fetch: Callable[[dict], dict],
+    **context,
+):
+    """A filtered list. Its query is read by the API's own query schema; one it refuses answers
+    422 with each field's message in the results region (htmx swaps 422, so the message shows
+    where the list was) and no rows. Otherwise `fetch(query)` gives what the list adds to
+    `context`, which holds the empty list's values."""
+    try:
+        query = load_query(query_schema)
+    except ValidationFailed as error:
+        return render(page, fragment=fragment, status=422, **context | {"errors": error.errors})
+    return render(page, fragment=fragment, **context | {"errors": {}} | fetch(query))
 
 
 def load_query(schema: Schema) -> dict:
