@@ -362,8 +362,12 @@ def test_every_main_page_shows_the_demo_workspace(browser, live, context, app, r
     # The healthy endpoint's page, with its verification snippets.
     nav.get_by_role("link", name="Webhook endpoints").click()
     page.get_by_role("link", name=receiver.url).click()
-    expect(page.get_by_role("heading", name="Verify signatures")).to_be_visible()
-    shoot(page, "endpoint", full_page=True)
+    verify = page.get_by_role("heading", name="Verify signatures")
+    expect(verify).to_be_visible()
+    # From the top down to the end of the verification snippets (the forms below are long).
+    verify_box = page.locator("section").filter(has=verify).bounding_box()
+    bottom = verify_box["y"] + verify_box["height"] + 24 + page.evaluate("window.scrollY")
+    shoot(page, "endpoint", full_page=True, clip={"x": 0, "y": 0, "width": 1280, "height": bottom})
 
     # A delivery that failed once and then arrived: both attempts, and what was sent.
     page.goto(f"/dashboard/deliveries/{demo.retried_delivery_id}")
