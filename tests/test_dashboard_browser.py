@@ -252,7 +252,10 @@ def open_delivery_detail(page, row, received) -> None:
     """The delivery's page: what was sent, and the attempt that succeeded."""
     row.get_by_role("link", name="Details").click()
     expect(page).to_have_url(re.compile(rf"/dashboard/deliveries/{received.delivery_id}$"))
+    expect(page.get_by_role("heading", name="Delivery of webhook.test")).to_be_visible()
+    expect(page.get_by_role("heading", name="Payload")).to_be_visible()
     expect(page.get_by_text(received.json["id"]).first).to_be_visible()
+    expect(page.get_by_role("heading", name=re.compile(r"Attempt 1\s+HTTP 200"))).to_be_visible()
 
 
 # --- a phone, and the console watch itself -----------------------------------------------------
