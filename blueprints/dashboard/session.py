@@ -67,10 +67,14 @@ def can_write() -> bool:
     return caller is not None and WRITE in caller.scopes
 
 
-def start_session(caller: Caller) -> None:
-    """Sign in as `caller`'s key: a new session (and CSRF token), so nothing carries over."""
+def start_session(caller: Caller, key_prefix: str) -> None:
+    """Sign in as `caller`'s key: a new session (and CSRF token), so nothing carries over.
+
+    The key's prefix (what every key listing shows, never the secret) names it in the top bar.
+    """
     session.clear()
     session["key_id"] = caller.key_id
+    session["key_prefix"] = key_prefix
     session["csrf_token"] = secrets.token_urlsafe(32)
 
 
@@ -123,7 +127,12 @@ def send_to_sign_in(error: SignedOut):
 
 @dashboard.context_processor
 def dashboard_context() -> dict:
-    return {"csrf_token": csrf_token, "can_write": can_write(), "caller": g.get("caller")}
+    return {
+        "csrf_token": csrf_token,
+        "can_write": can_write(),
+        "caller": g.get("caller"),
+        "session_key_prefix": session.get("key_prefix"),
+    }
 
 
 @dashboard.after_request

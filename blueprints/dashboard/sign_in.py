@@ -11,6 +11,7 @@ from blueprints.dashboard.session import end_session, safe_next, start_session
 from extensions import db
 from schemas.api_keys import IssuedApiKeySchema
 from schemas.dashboard import BootstrapSignInSchema
+from services import credentials
 from services.api_keys import create_api_key
 from services.authentication import (
     Caller,
@@ -39,7 +40,7 @@ def sign_in_with_key():
         db.session.rollback()
         return render("dashboard/sign_in.html", status=401, error=error.message, next=next_page)
     db.session.commit()  # the key's lastUsedAt
-    start_session(caller)
+    start_session(caller, credentials.key_prefix(secret))
     return redirect(safe_next(next_page), code=303)
 
 
@@ -79,7 +80,10 @@ def create_first_key():
         )
     key = _issued_key.dump(issued)
     db.session.commit()
-    start_session(Caller(brand_id=issued.record.brand_id, scopes=frozenset(), key_id=key["id"]))
+    start_session(
+        Caller(brand_id=issued.record.brand_id, scopes=frozenset(), key_id=key["id"]),
+        issued.record.key_prefix,
+    )
     return render("dashboard/first_key_issued.html", status=201, key=key)
 
 
