@@ -244,6 +244,25 @@ def test_htmx_filter_swaps_only_the_results(app, client, brand, read_key):
     assert 'method="get" action="/dashboard/conversions"' in full
 
 
+def test_the_url_pushed_for_a_filter_leaves_out_its_empty_fields(app, client, brand, read_key):
+    ids = _conversions(app, brand, _shop(app, brand))
+    token = sign_in(client, read_key)
+    # What the filter form sends when one of its selects is chosen: every field, most empty.
+    sent = "/dashboard/conversions?eventType=lead&linkCode=&attributed=&sortOrder=desc"
+    response = client.get(sent, headers=htmx(token))
+    assert _rows(response) == [ids["lead"]]
+    assert response.headers["HX-Push-Url"] == "/dashboard/conversions?eventType=lead&sortOrder=desc"
+    cleared = client.get("/dashboard/conversions?eventType=&linkCode=", headers=htmx(token))
+    assert cleared.headers["HX-Push-Url"] == "/dashboard/conversions"
+    # A refused filter is pushed as sent, less its empty fields, so a reload shows the message.
+    refused = client.get("/dashboard/conversions?eventType=&limit=0", headers=htmx(token))
+    assert refused.status_code == 422
+    assert refused.headers["HX-Push-Url"] == "/dashboard/conversions?limit=0"
+    # Nothing to leave out, or no htmx (a plain form's GET): the URL is the browser's own.
+    assert "HX-Push-Url" not in client.get(sent.split("&")[0], headers=htmx(token)).headers
+    assert "HX-Push-Url" not in client.get(sent).headers
+
+
 def test_the_empty_state_shows_how_to_send_a_postback(client, brand, write_key):
     sign_in(client, write_key)
     page = html.unescape(client.get("/dashboard/conversions").get_data(as_text=True))

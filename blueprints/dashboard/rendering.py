@@ -4,6 +4,7 @@ form input is read through the same marshmallow schemas as the JSON API."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from urllib.parse import urlencode
 
 from flask import render_template, request
 from marshmallow import Schema, ValidationError, fields
@@ -63,8 +64,20 @@ def render_list(
     try:
         query = load_query(query_schema)
     except ValidationFailed as error:
-        return render(page, fragment=fragment, status=422, **context | {"errors": error.errors})
-    return render(page, fragment=fragment, **context | {"errors": {}} | fetch(query))
+        answer = render(page, fragment=fragment, status=422, **context | {"errors": error.errors})
+    else:
+        answer = render(page, fragment=fragment, **context | {"errors": {}} | fetch(query))
+    return (*answer, _shareable_url())
+
+
+def _shareable_url() -> dict[str, str]:
+    """A filter form sends its empty fields too (`?status=&eventName=`); the URL htmx pushes to
+    the address bar is the same query without them, the one worth sharing."""
+    sent = list(request.args.items(multi=True))
+    given = [(name, value) for name, value in sent if value != ""]
+    if not is_htmx() or len(given) == len(sent):
+        return {}
+    return {"HX-Push-Url": request.path + (f"?{urlencode(given)}" if given else "")}
 
 
 def load_query(schema: Schema) -> dict:
