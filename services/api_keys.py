@@ -120,13 +120,7 @@ def find_key_by_secret(secret: str) -> tuple[ActiveKey | None, bool]:
     )
     if row is None or not credentials.hash_matches(row.secret_hash, secret):
         return None, False
-    key = ActiveKey(
-        id=row.id,
-        brand_id=row.brand_id,
-        scopes=frozenset(row.scopes),
-        last_used_at=row.last_used_at,
-    )
-    return key, row.revoked_at is not None
+    return _active_key_and_revoked(row)
 
 
 def find_key_by_id(key_id: str) -> tuple[ActiveKey | None, bool]:
@@ -138,6 +132,10 @@ def find_key_by_id(key_id: str) -> tuple[ActiveKey | None, bool]:
     ).first()
     if row is None:
         return None, False
+    return _active_key_and_revoked(row)
+
+
+def _active_key_and_revoked(row) -> tuple[ActiveKey, bool]:
     key = ActiveKey(
         id=row.id,
         brand_id=row.brand_id,
