@@ -362,6 +362,21 @@ def test_every_main_page_shows_the_demo_workspace(browser, live, context, app, r
         expect(page.get_by_role("heading", name=label, exact=True)).to_be_visible()
         shoot(page, name, full_page=True)
 
+    # A filter swaps the results in place and puts a shareable URL in the address bar: the
+    # chosen filters only, not the form's empty fields.
+    nav.get_by_role("link", name="Deliveries", exact=True).click()
+    mark_document(page)
+    page.get_by_label("Status").select_option("failed")
+    expect(page).to_have_url(re.compile(r"/dashboard/deliveries\?status=failed(&sortOrder=desc)?$"))
+    rows = page.locator("#delivery-results tbody tr")
+    expect(rows.first).to_have_attribute("data-status", "failed")
+    statuses = rows.evaluate_all("rows => rows.map((row) => row.dataset.status)")
+    assert statuses and set(statuses) == {"failed"}, statuses
+    assert_same_document(page)
+    page.reload()  # the URL is the view: a reload shows the same rows
+    expect(page.get_by_label("Status")).to_have_value("failed")
+    expect(rows.first).to_have_attribute("data-status", "failed")
+
     # The healthy endpoint's page, with its verification snippets.
     nav.get_by_role("link", name="Webhook endpoints").click()
     page.get_by_role("link", name=receiver.url).click()
