@@ -643,7 +643,8 @@ def check(conninfo: str, data: dict, tally: Tally) -> list[str]:
         ):
             per_thread.setdefault(run, []).append((thread, count, highest))
         link_conversions, link_value = conn.execute(
-            "SELECT conversions, conversion_value_minor FROM tracked_links WHERE id = %s",
+            "SELECT sum(conversions), sum(conversion_value_minor)"
+            " FROM tracked_link_conversion_counts WHERE link_id = %s",
             (data["link_id"],),
         ).fetchone()
         deliveries, delivered_events, pending = conn.execute(

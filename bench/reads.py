@@ -160,15 +160,24 @@ def seed_brand(connection, brand: BrandData) -> None:
     connection.execute(
         f"WITH d AS ({work_deals})"
         " INSERT INTO tracked_links (id, brand_id, campaign_id, deal_id, code, short_url,"
-        " destination_url, clicks, conversions, conversion_value_minor, currency,"
-        " last_clicked_at, created_at)"
+        " destination_url, clicks, currency, last_clicked_at, created_at)"
         f" SELECT 'lnk_{t}' || lpad(i::text, 8, '0'), '{b}', d.campaign_id,"
         f" CASE WHEN i % 10 = 0 THEN NULL ELSE d.id END, '{t}' || i,"
         f" 'https://kola.link/{t}' || i, 'https://shop.example.com/p/' || (i % 500),"
-        " (i * 37) % 3000, (i * 37) % 40, ((i * 37) % 40) * 250000, d.currency,"
+        " (i * 37) % 3000, d.currency,"
         " CASE WHEN (i * 37) % 3000 > 0 THEN now() - ((i % 600) || ' minutes')::interval END,"
         f" {_spread(f'i::float8 / {brand.links}', old + 3, new)}"
         f" FROM generate_series(1, {brand.links}) i JOIN d ON d.n = (i - 1) % {working}"
+    )
+    # The counters of a link with conversions, spread over up to 8 slots as concurrent
+    # postbacks leave them (models.tracked_link).
+    connection.execute(
+        "INSERT INTO tracked_link_conversion_counts"
+        " (link_id, slot, conversions, conversion_value_minor)"
+        f" SELECT 'lnk_{t}' || lpad(i::text, 8, '0'), slot, 1 + (i * 37) % 5,"
+        " (1 + (i * 37) % 5) * 250000"
+        f" FROM generate_series(1, {brand.links}) i, generate_series(0, (i * 37) % 8) slot"
+        " WHERE (i * 37) % 40 > 0"
     )
     connection.execute(
         f"WITH d AS ({work_deals})"

@@ -85,10 +85,25 @@ def run_migrations_online():
     connectable = get_engine()
 
     with connectable.connect() as connection:
+        on_sqlite = connection.dialect.name == "sqlite"
+        if on_sqlite:
+            # Batch mode changes a SQLite table by copying it, dropping the old one and renaming
+            # the copy; with foreign keys enforced, that drop would cascade to every row that
+            # refers to the table. Off while migrating (outside a transaction, or SQLite ignores
+            # it), and the references checked afterwards.
+            connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
+            connection.commit()
         context.configure(connection=connection, target_metadata=get_metadata(), **conf_args)
 
         with context.begin_transaction():
             context.run_migrations()
+
+        if on_sqlite:
+            broken = connection.exec_driver_sql("PRAGMA foreign_key_check").all()
+            connection.exec_driver_sql("PRAGMA foreign_keys=ON")
+            connection.commit()
+            if broken:
+                raise RuntimeError(f"migration left rows with broken references: {broken[:5]}")
 
 
 if context.is_offline_mode():

@@ -8,7 +8,7 @@ from models.conversion import Conversion
 from models.deal import Deal
 from models.escrow_hold import EscrowHold
 from models.placement import Placement
-from models.tracked_link import TrackedLink
+from models.tracked_link import TrackedLink, TrackedLinkConversionCount
 from models.webhook_delivery import WebhookAttempt, WebhookDelivery
 from models.webhook_endpoint import WebhookEndpoint
 from models.webhook_event import WebhookEvent
@@ -23,6 +23,7 @@ __all__ = [
     "EscrowHold",
     "Placement",
     "TrackedLink",
+    "TrackedLinkConversionCount",
     "WebhookAttempt",
     "WebhookDelivery",
     "WebhookEndpoint",

@@ -26,24 +26,14 @@ import hashlib
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import (
-    BigInteger,
-    Text,
-    and_,
-    bindparam,
-    case,
-    literal,
-    select,
-    text,
-    true,
-    update,
-)
+from sqlalchemy import BigInteger, Text, and_, bindparam, literal, select, text, true
 from sqlalchemy.dialects import sqlite
 
 from extensions import db
 from models import Conversion, TrackedLink
 from models.columns import new_id, utcnow
 from models.money import NGN
+from models.tracked_link import CONVERSION_COUNT_SLOTS
 from models.webhook_delivery import PENDING
 from schemas.conversions import ConversionSchema
 from services.errors import Conflict
@@ -138,14 +128,12 @@ def record_postback(
         now=now,
     )
     if conversion.link_id is not None:
-        # Last before the commit: the link's row stays locked from here to the commit, and a
-        # popular link's postbacks queue on that lock.
         connection.execute(
-            _COUNT_ON_LINK,
+            _COUNT_ON_LINK_SQLITE,
             {
                 "link_id": conversion.link_id,
-                "conversion_currency": postback.currency,
-                "conversion_value_minor": postback.value_minor,
+                "new_currency": postback.currency,
+                "new_value_minor": postback.value_minor,
             },
         )
     # The last moment before the caller commits: the key, the conversion, the event and the
@@ -269,28 +257,41 @@ def _take_key_and_insert(claim, taken, insert):
 
 # The keys of the event's data that the statement fills in, in the order of ConversionSchema.
 _FOUND_BY_THE_STATEMENT = ("linkId", "campaignId", "dealId")
+# Raise a link's counters in one of its slots (models.tracked_link). A conversion in another
+# currency than the link's is counted, but its value is not added: there is no rate to convert
+# it at. (SQLite needs the WHERE to tell the upsert's ON CONFLICT from a join's ON.)
+_COUNT_IN_SLOT = """
+        INSERT INTO tracked_link_conversion_counts
+            (link_id, slot, conversions, conversion_value_minor)
+        SELECT link.id, {slot}, 1,
+               CASE WHEN link.currency = :new_currency THEN :new_value_minor ELSE 0 END
+        FROM {links} WHERE {where}
+        ON CONFLICT (link_id, slot) DO UPDATE
+        SET conversions = tracked_link_conversion_counts.conversions + 1,
+            conversion_value_minor = tracked_link_conversion_counts.conversion_value_minor
+                + excluded.conversion_value_minor"""
 # On PostgreSQL, a new postback is one statement and its commit:
 # - `claim` takes the key's advisory lock without waiting, and bounds this transaction by the
 #   in-flight window (a hung request is ended by the database when the window has passed);
 # - `link` is the calling brand's link of that code (rule 1); an unknown code, or another
 #   brand's, finds none and the conversion is stored on no link (rule 3);
 # - `conversion` inserts it, only when the key was taken and is new (ON CONFLICT: a replay);
-# - `counted` raises the link's counters; a conversion in another currency than the link's is
-#   counted, but its value is not added: there is no rate to convert it at. The link's row
-#   stays locked from here to the commit, the round trip after this one;
+# - `counted` raises the link's counters in the slot of this database connection (a connection
+#   runs one transaction at a time, so concurrent postbacks of a link seldom share a slot and do
+#   not queue on one row's lock until each commits; models.tracked_link);
 # - `event` and `deliveries` publish conversion.recorded (services.events), its body the JSON
 #   that publish_event would write, with the link, campaign and deal found here spliced in
 #   (every id is plain ASCII, so to_json writes them as json.dumps does).
 # It returns one row when it recorded the postback; none when the key was in flight elsewhere
 # or its conversion exists, and then it wrote nothing.
-_TAKE_KEY_AND_COUNT = """
+_TAKE_KEY_AND_INSERT = """
     WITH claim AS (
         SELECT pg_try_advisory_xact_lock(:lock_id) AS taken,
                set_config('statement_timeout', :window_ms, true) AS statement_limit,
                set_config('idle_in_transaction_session_timeout', :window_ms, true) AS idle_limit
     ),
     link AS (
-        SELECT id, campaign_id, deal_id FROM tracked_links
+        SELECT id, campaign_id, deal_id, currency FROM tracked_links
         WHERE brand_id = :new_brand_id AND code = :new_link_code
     ),
     conversion AS (
@@ -306,15 +307,18 @@ _TAKE_KEY_AND_COUNT = """
         ON CONFLICT (brand_id, idempotency_key) DO NOTHING
         RETURNING link_id, campaign_id, deal_id
     ),
-    counted AS (
-        UPDATE tracked_links
-        SET conversions = tracked_links.conversions + 1,
-            conversion_value_minor = tracked_links.conversion_value_minor
-                + CASE WHEN tracked_links.currency = :new_currency THEN :new_value_minor
-                       ELSE 0 END
-        FROM conversion WHERE tracked_links.id = conversion.link_id
-        RETURNING tracked_links.id
+    counted AS ("""
+_TAKE_KEY_AND_COUNT = (
+    _TAKE_KEY_AND_INSERT
+    + _COUNT_IN_SLOT.format(
+        slot=f"pg_backend_pid() % {CONVERSION_COUNT_SLOTS}",
+        links="conversion JOIN link ON link.id = conversion.link_id",
+        where="true",
+    )
+    + """
+        RETURNING link_id
     ),"""
+)
 _RECORD_ON_POSTGRESQL = text(
     _TAKE_KEY_AND_COUNT  # noqa: S608 - constant SQL, put together at import
     + PUBLISH_CTES_POSTGRESQL.format(
@@ -342,23 +346,10 @@ _RECORD_ON_POSTGRESQL = text(
 _TAKE_KEY_AND_INSERT_SQLITE = _take_key_and_insert(
     select(literal(1).label("one")).subquery("one_row"), true(), sqlite.insert
 )
-# A conversion in another currency than the link's is counted, but its value is not added:
-# there is no rate to convert it at.
-_COUNT_ON_LINK = (
-    update(TrackedLink.__table__)
-    .where(_links.id == bindparam("link_id"))
-    .values(
-        conversions=_links.conversions + 1,
-        conversion_value_minor=_links.conversion_value_minor
-        + case(
-            (
-                _links.currency == bindparam("conversion_currency"),
-                bindparam("conversion_value_minor"),
-            ),
-            else_=0,
-        ),
-    )
-)
+# SQLite has one writer at a time: one slot is all it needs.
+_COUNT_ON_LINK_SQLITE = text(
+    _COUNT_IN_SLOT.format(slot="0", links="tracked_links AS link", where="link.id = :link_id")
+).bindparams(bindparam("new_value_minor", type_=BigInteger))
 
 
 def _lock_id(brand_id: str, idempotency_key: str) -> int:

@@ -6,10 +6,11 @@ from __future__ import annotations
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from flask_migrate import downgrade, upgrade
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 
 from app import create_app
 from extensions import db
+from models import TrackedLink
 from tests.backends import scratch_database
 
 
@@ -31,4 +32,89 @@ def test_upgrade_matches_the_models_and_downgrade_empties(app_environ, backends)
 
             upgrade()  # and up again: downgrade left nothing behind that blocks it
             assert {"brands", "api_keys"} <= set(inspect(db.engine).get_table_names())
+            db.engine.dispose()
+
+
+def test_link_counters_move_into_slots_and_back(app_environ, backends):
+    """0005 keeps what a link had counted: in slot 0 going up, back in its columns going down."""
+    at = "2026-11-01 00:00:00+00:00"
+    with scratch_database(backends) as url:
+        scratch = create_app({**app_environ, "DATABASE_URL": url})
+        with scratch.app_context():
+            upgrade(revision="0004")
+            with db.engine.begin() as connection:
+                connection.execute(
+                    text(
+                        "INSERT INTO brands VALUES ('brd_m', 'Mig', 'growth', 'verified', :at,"
+                        " :at, :at)"
+                    ),
+                    {"at": at},
+                )
+                connection.execute(
+                    text(
+                        "INSERT INTO campaigns (id, brand_id, name, status, pricing_model,"
+                        " currency, budget_minor, spent_minor, committed_minor, starts_at,"
+                        " ends_at, created_at, updated_at) VALUES ('cmp_m', 'brd_m', 'C',"
+                        " 'active', 'fixed_fee', 'NGN', 100, 0, 0, :at, :at, :at, :at)"
+                    ),
+                    {"at": at},
+                )
+                for link_id, conversions, value in (("lnk_busy", 7, 8750), ("lnk_idle", 0, 0)):
+                    connection.execute(
+                        text(
+                            "INSERT INTO tracked_links (id, brand_id, campaign_id, code,"
+                            " short_url, destination_url, clicks, conversions,"
+                            " conversion_value_minor, currency, created_at) VALUES (:id,"
+                            " 'brd_m', 'cmp_m', :id, 'https://k.link/x', 'https://x.example',"
+                            " 3, :conversions, :value, 'NGN', :at)"
+                        ),
+                        {"id": link_id, "conversions": conversions, "value": value, "at": at},
+                    )
+
+                connection.execute(
+                    text(
+                        "INSERT INTO conversions (id, brand_id, idempotency_key, event_type,"
+                        " link_id, campaign_id, value_minor, currency, metadata, attributed,"
+                        " created_at) VALUES ('conv_m', 'brd_m', 'order-00000001', 'purchase',"
+                        " 'lnk_busy', 'cmp_m', 1250, 'NGN', '{}', true, :at)"
+                    ),
+                    {"at": at},
+                )
+
+            def conversion_link() -> str | None:
+                with db.engine.connect() as connection:
+                    return connection.execute(
+                        text("SELECT link_id FROM conversions WHERE id = 'conv_m'")
+                    ).scalar_one()
+
+            upgrade(revision="0005")
+            # Rebuilding tracked_links (SQLite's batch mode) must not touch what refers to it.
+            assert conversion_link() == "lnk_busy"
+            with db.engine.begin() as connection:
+                slots = connection.execute(
+                    text("SELECT * FROM tracked_link_conversion_counts ORDER BY link_id")
+                ).all()
+                assert [tuple(row) for row in slots] == [("lnk_busy", 0, 7, 8750)]
+                # A second slot, as a concurrent postback on another connection leaves it.
+                connection.execute(
+                    text(
+                        "INSERT INTO tracked_link_conversion_counts VALUES ('lnk_busy', 5, 2, 500)"
+                    )
+                )
+            busy, idle = (db.session.get(TrackedLink, i) for i in ("lnk_busy", "lnk_idle"))
+            assert (busy.conversions, busy.conversion_value_minor) == (9, 9250)
+            assert (idle.conversions, idle.conversion_value_minor) == (0, 0)
+            db.session.remove()
+
+            downgrade(revision="0004")
+            with db.engine.connect() as connection:
+                rows = connection.execute(
+                    text(
+                        "SELECT id, conversions, conversion_value_minor FROM tracked_links"
+                        " ORDER BY id"
+                    )
+                ).all()
+            assert [tuple(row) for row in rows] == [("lnk_busy", 9, 9250), ("lnk_idle", 0, 0)]
+            assert conversion_link() == "lnk_busy"
+            assert "tracked_link_conversion_counts" not in inspect(db.engine).get_table_names()
             db.engine.dispose()

@@ -11,7 +11,8 @@ import pytest
 from sqlalchemy import func, select
 
 from extensions import db
-from models import Conversion, WebhookDelivery, WebhookEvent
+from models import Conversion, TrackedLinkConversionCount, WebhookDelivery, WebhookEvent
+from models.tracked_link import CONVERSION_COUNT_SLOTS
 from schemas.conversions import ConversionSchema
 from services.event_catalog import sample_data
 from tests.helpers import assert_error, assert_success
@@ -110,6 +111,13 @@ class Shop:
         )
         return assert_success(response)
 
+    def links(self) -> list[dict]:
+        response = self.client.get(
+            f"/api/v1/brand/{self.brand}/tracked-link/fetch-links",
+            headers={"X-Api-Key": self.read_key},
+        )
+        return assert_success(response)["links"]
+
     def conversion(self, conversion_id: str) -> dict:
         response = self.client.get(
             route(self.brand, conversion_id), headers={"X-Api-Key": self.read_key}
@@ -176,6 +184,34 @@ def test_a_new_postback_is_recorded_attributed_and_counted_on_its_link(app, shop
         "createdAt": None,
     }
     assert counts(app) == (1, 1, 1)
+
+
+def test_a_links_counters_add_up_every_slot_its_postbacks_counted_in(app, shop):
+    shop.post(PURCHASE)
+    with app.app_context():
+        (taken,) = db.session.scalars(
+            select(TrackedLinkConversionCount.slot).where(
+                TrackedLinkConversionCount.link_id == shop.deal_link
+            )
+        ).all()
+        # What a postback on another database connection, counting in its own slot, leaves.
+        db.session.add(
+            TrackedLinkConversionCount(
+                link_id=shop.deal_link,
+                slot=(taken + 1) % CONVERSION_COUNT_SLOTS,
+                conversions=2,
+                conversion_value_minor=300,
+            )
+        )
+        db.session.commit()
+
+    link = shop.link(shop.deal_link)
+    assert (link["conversions"], link["conversionValueMinor"]) == (3, 1_250_300)
+    listed = {row["id"]: row for row in shop.links()}
+    assert (listed[shop.deal_link]["conversions"], listed[shop.campaign_link]["conversions"]) == (
+        3,
+        0,
+    )
 
 
 def test_the_response_status_and_message_tell_a_new_conversion_from_a_replay(shop):

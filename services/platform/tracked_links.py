@@ -50,8 +50,6 @@ def create_tracked_link(
         short_url=short_url,
         destination_url=destination_url,
         clicks=0,
-        conversions=0,
-        conversion_value_minor=0,
         currency=campaign.currency,
         created_at=now,
     )
