@@ -82,10 +82,16 @@ VALUE_MINOR = 1250
 THREADS = 2
 CONNECTIONS = 16
 WORKERS = 2
-# A run with more than this many of its 16 connections on one worker is lopsided (see
+# A wrk run with more than this many of its 16 connections on one worker is lopsided (see
 # connection_split); the split is sampled this many seconds into a run.
 LOPSIDED = 10
 SPLIT_ATTEMPTS = 20
+# The open-loop runs ask for an even split: they send half the ceiling's rate, so with 10/6 one
+# worker gets 62.5% of it, more than one process (its Python on one core) may carry while the
+# other idles, and p99 would measure the accept race instead of the route. The client
+# reconnects only the connections of the crowded worker, round after round.
+EVEN = CONNECTIONS // WORKERS
+OPEN_LOOP_SPLIT_ATTEMPTS = 40
 SPLIT_SAMPLED_AFTER = 0.5
 # `make run`'s gunicorn (scripts/run.py start_children), less its access log.
 GUNICORN_OPTIONS = ["--workers", str(WORKERS), "--threads", "4", "--worker-class", "gthread"]
@@ -232,12 +238,33 @@ def connection_split(url: str) -> tuple[int, ...] | None:
     return tuple((sorted(per_worker.values(), reverse=True) + [0] * WORKERS)[:WORKERS])
 
 
+def client_ports_by_worker(url: str) -> dict[str, list[int]] | None:
+    """The client-side ports of the connections each worker of the server at `url` holds;
+    None without `ss`."""
+    if not shutil.which("ss"):
+        return None
+    port = urlsplit(url).port
+    listed = subprocess.run(
+        ["ss", "-tnpH", "state", "established", f"( sport = :{port} )"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    by_worker: dict[str, list[int]] = {}
+    for line in listed.splitlines():
+        peer = re.search(r":\d+\s+\S+:(\d+)\s", line)
+        pid = re.search(r"pid=(\d+)", line)
+        if peer and pid:
+            by_worker.setdefault(pid.group(1), []).append(int(peer.group(1)))
+    return by_worker
+
+
 def shown(split: tuple[int, ...] | None) -> str:
     return "?" if split is None else "/".join(map(str, split))
 
 
-def lopsided(split: tuple[int, ...] | None) -> bool:
-    return split is not None and split[0] > LOPSIDED
+def lopsided(split: tuple[int, ...] | None, most: int = LOPSIDED) -> bool:
+    return split is not None and split[0] > most
 
 
 def run_load(argv: list[str], url: str, sample_after: float, timeout: float, stop_if=None):
@@ -346,6 +373,9 @@ class _Connection:
         self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         self.writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
+    def local_port(self) -> int:
+        return self.writer.get_extra_info("sockname")[1]
+
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
@@ -386,17 +416,22 @@ async def _open_loop(options) -> dict:
     state = {"next": 0, "reconnects": 0}
 
     connections = [_Connection(host, port) for _ in range(options.connections)]
-    # Connect, say "ready" and wait for the benchmark's "go" (or "again": it found the
-    # connections lopsided on the server's workers, see connection_split).
+    # Connect, say "ready" with the connections' local ports, and wait for the benchmark's
+    # "go", or "reopen PORT,...": those landed on a worker that holds more than its share (see
+    # balance_open_loop), so they are connected again, and "ready" said again.
     loop = asyncio.get_running_loop()
+    await asyncio.gather(*(connection.open() for connection in connections))
     while True:
-        await asyncio.gather(*(connection.open() for connection in connections))
-        print("ready", flush=True)
-        if (await loop.run_in_executor(None, sys.stdin.readline)).strip() != "again":
+        ports = ",".join(str(connection.local_port()) for connection in connections)
+        print(f"ready {ports}", flush=True)
+        command, _, listed = (await loop.run_in_executor(None, sys.stdin.readline)).partition(" ")
+        if command.strip() != "reopen":
             break
-        for connection in connections:
+        again = {int(port) for port in listed.split(",")}
+        moved = [c for c in connections if c.local_port() in again]
+        for connection in moved:
             connection.close()
-        await asyncio.sleep(0.1)
+        await asyncio.gather(*(connection.open() for connection in moved))
     start = time.monotonic() + 0.1
     for index in range(total):
         scheduled[index] = start + index / rate
@@ -469,6 +504,37 @@ async def _open_loop(options) -> dict:
     }
 
 
+def balance_open_loop(client: subprocess.Popen, url: str) -> tuple[int, ...] | None:
+    """Have the client reconnect the connections a worker holds beyond its even share until the
+    split is even (each reconnect lands on either worker), then say "go"; the final split."""
+    split = None
+    for attempt in range(OPEN_LOOP_SPLIT_ATTEMPTS):
+        ready, _, ports = client.stdout.readline().strip().partition(" ")
+        if ready != "ready":
+            break
+        ours = {int(port) for port in ports.split(",")}
+        for _ in range(5):
+            time.sleep(SPLIT_SAMPLED_AFTER)  # for the workers to accept
+            by_worker = client_ports_by_worker(url)
+            if by_worker is None:
+                client.stdin.write("go\n")
+                client.stdin.flush()
+                return None
+            held = [[port for port in held if port in ours] for held in by_worker.values()]
+            if sum(map(len, held)) == len(ours):
+                break
+        split = tuple((sorted(map(len, held), reverse=True) + [0] * WORKERS)[:WORKERS])
+        crowded = max(held, key=len, default=[])
+        if not lopsided(split, most=EVEN) or attempt == OPEN_LOOP_SPLIT_ATTEMPTS - 1:
+            client.stdin.write("go\n")
+            client.stdin.flush()
+            break
+        excess = crowded[: len(crowded) - EVEN]
+        client.stdin.write("reopen " + ",".join(map(str, excess)) + "\n")
+        client.stdin.flush()
+    return split
+
+
 def run_open_loop(url: str, rate: float, args, tag: str) -> dict:
     argv = [
         sys.executable,
@@ -501,18 +567,7 @@ def run_open_loop(url: str, rate: float, args, tag: str) -> dict:
         text=True,
     ) as client:
         try:
-            for attempt in range(SPLIT_ATTEMPTS):
-                if client.stdout.readline().strip() != "ready":
-                    break
-                time.sleep(SPLIT_SAMPLED_AFTER)  # for the workers to accept
-                split = connection_split(url)
-                again = lopsided(split) and attempt < SPLIT_ATTEMPTS - 1
-                if again:
-                    log(f"open loop: connections per worker {shown(split)}, lopsided: again")
-                client.stdin.write("again\n" if again else "go\n")
-                client.stdin.flush()
-                if not again:
-                    break
+            split = balance_open_loop(client, url)
             stdout, stderr = client.communicate(timeout=timeout)
         except BaseException:
             client.kill()
@@ -521,6 +576,8 @@ def run_open_loop(url: str, rate: float, args, tag: str) -> dict:
         raise RuntimeError(f"the open-loop client failed:\n{stderr[-3000:]}")
     result = json.loads(stdout.strip().splitlines()[-1])
     result["split"] = shown(split)
+    if lopsided(split, most=EVEN):
+        log(f"WARNING: open loop still uneven ({shown(split)}) after every attempt; measured so")
     return result
 
 
