@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
 import json
 import os
 import re
@@ -223,19 +222,13 @@ def connection_split(url: str) -> tuple[int, ...] | None:
     stays with the worker that won it for the whole run, and each worker runs Python on one
     core at a time (the GIL), so a lopsided split caps a run near one core whatever the route.
     """
-    if not shutil.which("ss"):
-        return None
-    port = urlsplit(url).port
-    listed = subprocess.run(
-        ["ss", "-tnpH", "state", "established", f"( sport = :{port} )"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout
-    per_worker = collections.Counter(
-        pid for line in listed.splitlines() for pid in re.findall(r"pid=(\d+)", line)
-    )
-    return tuple((sorted(per_worker.values(), reverse=True) + [0] * WORKERS)[:WORKERS])
+    by_worker = client_ports_by_worker(url)
+    return None if by_worker is None else split_of(by_worker.values())
+
+
+def split_of(held_per_worker) -> tuple[int, ...]:
+    counts = sorted((len(held) for held in held_per_worker), reverse=True)
+    return tuple((counts + [0] * WORKERS)[:WORKERS])
 
 
 def client_ports_by_worker(url: str) -> dict[str, list[int]] | None:
@@ -523,7 +516,7 @@ def balance_open_loop(client: subprocess.Popen, url: str) -> tuple[int, ...] | N
             held = [[port for port in held if port in ours] for held in by_worker.values()]
             if sum(map(len, held)) == len(ours):
                 break
-        split = tuple((sorted(map(len, held), reverse=True) + [0] * WORKERS)[:WORKERS])
+        split = split_of(held)
         crowded = max(held, key=len, default=[])
         if not lopsided(split, most=EVEN) or attempt == OPEN_LOOP_SPLIT_ATTEMPTS - 1:
             client.stdin.write("go\n")

@@ -284,7 +284,7 @@ _COUNT_IN_SLOT = """
 #   (every id is plain ASCII, so to_json writes them as json.dumps does).
 # It returns one row when it recorded the postback; none when the key was in flight elsewhere
 # or its conversion exists, and then it wrote nothing.
-_TAKE_KEY_AND_INSERT = """
+_CLAIM_AND_INSERT = """
     WITH claim AS (
         SELECT pg_try_advisory_xact_lock(:lock_id) AS taken,
                set_config('statement_timeout', :window_ms, true) AS statement_limit,
@@ -306,10 +306,10 @@ _TAKE_KEY_AND_INSERT = """
         WHERE claim.taken
         ON CONFLICT (brand_id, idempotency_key) DO NOTHING
         RETURNING link_id, campaign_id, deal_id
-    ),
-    counted AS ("""
+    ),"""
 _TAKE_KEY_AND_COUNT = (
-    _TAKE_KEY_AND_INSERT
+    _CLAIM_AND_INSERT
+    + "\n    counted AS ("
     + _COUNT_IN_SLOT.format(
         slot=f"pg_backend_pid() % {CONVERSION_COUNT_SLOTS}",
         links="conversion JOIN link ON link.id = conversion.link_id",
