@@ -25,7 +25,16 @@ def list_links(
         statement = statement.where(TrackedLink.deal_id == deal_id)
     if code is not None:
         statement = statement.where(TrackedLink.code == code)
-    return paginate(newest_first(statement, TrackedLink), page=page, limit=limit)
+    ordered = newest_first(statement, TrackedLink)
+
+    def one_page(offset: int, limit: int):
+        # A link's counters are summed from its slots (models.tracked_link) as each row is
+        # read, and PostgreSQL reads the rows an OFFSET skips: so the page's ids first, and
+        # the counters only for them (page 200: 26 ms otherwise, bench/reads.py).
+        ids = ordered.with_only_columns(TrackedLink.id).offset(offset).limit(limit).subquery()
+        return newest_first(select(TrackedLink).join(ids, ids.c.id == TrackedLink.id), TrackedLink)
+
+    return paginate(one_page, page=page, limit=limit, count=ordered)
 
 
 def get_link(brand_id: str, link_id: str) -> TrackedLink:
