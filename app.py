@@ -13,6 +13,7 @@ from werkzeug.exceptions import RequestEntityTooLarge
 import models  # noqa: F401 - registers every model with the metadata before migrations read it
 from blueprints.api import API_PREFIX, register_routes
 from blueprints.dashboard import register_dashboard
+from blueprints.dashboard.session import DashboardCookieSessions
 from blueprints.envelope import REQUEST_ID_HEADER, request_id
 from blueprints.errors import register_error_handlers
 from blueprints.system import system
@@ -47,6 +48,7 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
         SESSION_COOKIE_SECURE=settings.is_production,
     )
     app.json.sort_keys = False
+    app.session_interface = DashboardCookieSessions()
     _configure_logging()
 
     db.init_app(app)

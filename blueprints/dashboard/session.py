@@ -14,6 +14,7 @@ import secrets
 from urllib.parse import urlsplit
 
 from flask import flash, g, redirect, request, session, url_for
+from flask.sessions import SecureCookieSessionInterface
 
 from blueprints.dashboard import DASHBOARD_PREFIX, dashboard
 from services.api_keys import WRITE
@@ -23,6 +24,17 @@ from services.errors import Forbidden, Unauthorized
 CSRF_HEADER = "X-CSRF-Token"
 CSRF_FIELD = "csrf_token"
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+class DashboardCookieSessions(SecureCookieSessionInterface):
+    """Flask's signed-cookie sessions, opened without building a signer when the request
+    carries no session cookie: every JSON API request, and any first visit. (Flask builds one
+    for every request; on the postback route that cost more than the rest of the session.)"""
+
+    def open_session(self, app, request):
+        if app.secret_key and not request.cookies.get(self.get_cookie_name(app)):
+            return self.session_class()
+        return super().open_session(app, request)
 
 
 class SignedOut(Exception):
