@@ -4,6 +4,7 @@ silent Redis does not hold up an answer, and what a process still holds at exit 
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from collections.abc import Iterator
@@ -56,7 +57,8 @@ def test_commits_made_while_a_drain_is_queued_add_no_job(app, client, brand, wri
     endpoint = register(client, brand, write_key)
 
     for number in range(5):
-        assert_success(post_conversion(client, brand, write_key, f"order-{number:04}-flag-test"), 201)
+        response = post_conversion(client, brand, write_key, f"order-{number:04}-flag-test")
+        assert_success(response, 201)
         assert drain_requester().flush(timeout=10)
 
     assert queued_drains(app, endpoint) == 1
@@ -93,10 +95,8 @@ class SilentRedis:
     def release(self) -> None:
         self._listener.close()
         for connection in self._connections:
-            try:
+            with contextlib.suppress(OSError):
                 connection.shutdown(socket.SHUT_RDWR)  # close() alone would not hang up
-            except OSError:
-                pass
             connection.close()
 
 
@@ -112,7 +112,7 @@ def silent_redis() -> Iterator[SilentRedis]:
 def test_an_answer_does_not_wait_for_redis(
     app_environ, brand, write_key, client, silent_redis, caplog
 ):
-    endpoint = register(client, brand, write_key)
+    register(client, brand, write_key)
     stalled = create_app({**app_environ, "REDIS_URL": f"redis://127.0.0.1:{silent_redis.port}/0"})
 
     response = post_conversion(stalled.test_client(), brand, write_key, "order-2002-purchase")
