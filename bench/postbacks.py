@@ -92,8 +92,11 @@ SPLIT_ATTEMPTS = 20
 EVEN = CONNECTIONS // WORKERS
 OPEN_LOOP_SPLIT_ATTEMPTS = 40
 SPLIT_SAMPLED_AFTER = 0.5
-# `make run`'s gunicorn (scripts/run.py start_children), less its access log.
-GUNICORN_OPTIONS = ["--workers", str(WORKERS), "--threads", "4", "--worker-class", "gthread"]
+# `make run`'s gunicorn (scripts/run.py start_children), less its access log; both servers.
+GUNICORN_OPTIONS = [
+    *("--workers", str(WORKERS), "--threads", "4", "--worker-class", "gthread"),
+    *("--config", str(ROOT / "gunicorn.conf.py")),
+]
 TARGET_RATIO = 0.5
 TARGET_P99_MS = 30.0
 # The open-loop client is said to have kept its rate when it achieved this share of it.

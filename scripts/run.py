@@ -333,6 +333,8 @@ def start_children(children: list[Child], env: dict[str, str], port: int) -> Non
             "-",
             "--graceful-timeout",
             "5",
+            "--config",
+            str(REPO / "gunicorn.conf.py"),
             *gunicorn_control_socket_args(),
         ],
         "webhook worker (rq)": flask_command("worker"),

@@ -57,6 +57,8 @@ class ServerProcess:
                 "gthread",
                 "--graceful-timeout",
                 "2",
+                "--config",
+                str(ROOT / "gunicorn.conf.py"),
                 *_control_socket_args(),
             ],
             env=env,
