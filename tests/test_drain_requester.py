@@ -7,13 +7,16 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
+import requests
 from rq import Queue
 
 from app import create_app
 from tests.helpers import assert_success
+from tests.server_process import ServerProcess
 from tests.test_events_cli import flask_command
 from workers.connection import QUEUES, redis_connection
 from workers.dispatch import DrainRequester, drain_requester
@@ -126,6 +129,29 @@ def test_an_answer_does_not_wait_for_redis(
     silent_redis.release()
     assert drain_requester().flush(timeout=10)
     assert "could not queue webhook drains for 1 endpoint(s)" in caplog.text
+
+
+def test_a_gunicorn_worker_queues_the_drain_of_its_commit(
+    app, app_environ, client, brand, read_key, write_key
+):
+    # No RQ worker runs, so no sweeper: a queued drain can only come from the requester thread
+    # of the gunicorn worker that answered.
+    endpoint = register(client, brand, write_key)
+    server = ServerProcess(app_environ, workers=2, threads=2)
+    try:
+        response = requests.post(
+            f"{server.url}/api/v1/brand/{brand}/conversion/record-postback",
+            headers={"X-Api-Key": read_key, "Idempotency-Key": "order-3003-purchase"},
+            json=POSTBACK,
+            timeout=10,
+        )
+        assert response.status_code == 201, response.text
+        deadline = time.monotonic() + 10
+        while queued_drains(app, endpoint) == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert queued_drains(app, endpoint) == 1, server.output()
+    finally:
+        server.stop()
 
 
 def test_a_process_that_exits_right_after_its_commit_still_queues_the_drain(
