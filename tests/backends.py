@@ -24,6 +24,7 @@ from pathlib import Path
 import psycopg
 import redis
 
+from workers.dispatch import drain_requester
 from workers.embedded_redis import EmbeddedRedis
 
 PG_HOST = os.environ.get("TEST_PG_HOST", "127.0.0.1")
@@ -43,6 +44,9 @@ class Backends:
     _cleanups: list = field(default_factory=list)
 
     def close(self) -> None:
+        # Wakes this process still holds go out first: sent after the Redis db was emptied,
+        # they would leave keys in it for the next run to find.
+        drain_requester().flush(timeout=10)
         for cleanup in reversed(self._cleanups):
             with suppress(Exception):
                 cleanup()
