@@ -12,25 +12,15 @@ from collections.abc import Iterator
 
 import pytest
 import requests
-from rq import Queue
 
 from app import create_app
 from tests.helpers import assert_success
 from tests.server_process import ServerProcess
-from tests.test_events_cli import flask_command
-from workers.connection import QUEUES, redis_connection
+from tests.test_events_cli import flask_command, register
+from tests.test_webhook_faults import queued_jobs_for
 from workers.dispatch import DrainRequester, drain_requester
 
 POSTBACK = {"eventType": "purchase", "valueMinor": 1250, "currency": "NGN"}
-
-
-def register(client, brand: str, key: str) -> str:
-    response = client.post(
-        f"/api/v1/brand/{brand}/webhook/register-endpoint",
-        headers={"X-Api-Key": key},
-        json={"url": "http://127.0.0.1:9/hooks", "events": ["conversion.recorded"]},
-    )
-    return assert_success(response, 201)["id"]
 
 
 def post_conversion(client, brand: str, key: str, idempotency_key: str):
@@ -42,13 +32,15 @@ def post_conversion(client, brand: str, key: str, idempotency_key: str):
 
 
 def queued_drains(app, endpoint_id: str) -> int:
-    queue = Queue(QUEUES[0], connection=redis_connection(app))
-    jobs = queue.job_class.fetch_many(queue.job_ids, connection=queue.connection)
-    return sum(1 for job in jobs if job is not None and endpoint_id in job.args)
+    return len(queued_jobs_for(app, endpoint_id))
+
+
+def subscribed_endpoint(client, brand: str, key: str) -> str:
+    return register(client, brand, key, ["conversion.recorded"])
 
 
 def test_a_committed_postback_queues_its_endpoints_drain(app, client, brand, write_key):
-    endpoint = register(client, brand, write_key)
+    endpoint = subscribed_endpoint(client, brand, write_key)
 
     assert_success(post_conversion(client, brand, write_key, "order-1001-purchase"), 201)
 
@@ -57,7 +49,7 @@ def test_a_committed_postback_queues_its_endpoints_drain(app, client, brand, wri
 
 
 def test_commits_made_while_a_drain_is_queued_add_no_job(app, client, brand, write_key):
-    endpoint = register(client, brand, write_key)
+    endpoint = subscribed_endpoint(client, brand, write_key)
 
     for number in range(5):
         response = post_conversion(client, brand, write_key, f"order-{number:04}-flag-test")
@@ -115,7 +107,7 @@ def silent_redis() -> Iterator[SilentRedis]:
 def test_an_answer_does_not_wait_for_redis(
     app_environ, brand, write_key, client, silent_redis, caplog
 ):
-    register(client, brand, write_key)
+    subscribed_endpoint(client, brand, write_key)
     stalled = create_app({**app_environ, "REDIS_URL": f"redis://127.0.0.1:{silent_redis.port}/0"})
 
     response = post_conversion(stalled.test_client(), brand, write_key, "order-2002-purchase")
@@ -136,7 +128,7 @@ def test_a_gunicorn_worker_queues_the_drain_of_its_commit(
 ):
     # No RQ worker runs, so no sweeper: a queued drain can only come from the requester thread
     # of the gunicorn worker that answered.
-    endpoint = register(client, brand, write_key)
+    endpoint = subscribed_endpoint(client, brand, write_key)
     server = ServerProcess(app_environ, workers=2, threads=2)
     try:
         response = requests.post(
@@ -157,7 +149,7 @@ def test_a_gunicorn_worker_queues_the_drain_of_its_commit(
 def test_a_process_that_exits_right_after_its_commit_still_queues_the_drain(
     app, app_environ, client, brand, write_key
 ):
-    endpoint = register(client, brand, write_key)
+    endpoint = subscribed_endpoint(client, brand, write_key)
 
     result = flask_command(app_environ, "events", "emit", brand, "conversion.recorded")
 
@@ -165,9 +157,8 @@ def test_a_process_that_exits_right_after_its_commit_still_queues_the_drain(
     assert queued_drains(app, endpoint) == 1
 
 
-def test_wakes_added_while_a_round_is_sent_go_out_together(app, client, brand, write_key):
-    first = register(client, brand, write_key)
-    second = register(client, brand, write_key)
+def test_wakes_added_while_a_round_is_sent_go_out_together(app):
+    first, second = "whe_first", "whe_second"
     rounds: list[set[str]] = []
     sending = threading.Event()
     may_finish = threading.Event()
