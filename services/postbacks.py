@@ -26,7 +26,8 @@ import hashlib
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import BigInteger, Text, and_, bindparam, literal, select, text, true
+from psycopg.types.json import Json
+from sqlalchemy import BigInteger, String, Text, and_, bindparam, literal, select, text, true
 from sqlalchemy.dialects import sqlite
 
 from extensions import db
@@ -44,6 +45,7 @@ from services.events import (
     wake_after_commit,
 )
 from services.failpoints import failpoint
+from services.psycopg_direct import fetch_first_on_psycopg, psycopg_sql
 
 DEFAULT_IN_FLIGHT_WINDOW_SECONDS = 120
 # In flight almost always means "a few milliseconds from committing".
@@ -168,8 +170,11 @@ def _record_on_postgresql(
         "body_head": body_head,
         "body_tail": body_tail,
         "delivery_id_base": new_id("whd"),
+        "event_name": CONVERSION_RECORDED,
+        "pending": PENDING,
     }
-    recorded = connection.execute(_RECORD_ON_POSTGRESQL, parameters).first()
+    parameters["new_metadata"] = Json(parameters["new_metadata"])
+    recorded = fetch_first_on_psycopg(connection, _RECORD_ON_POSTGRESQL, parameters)
     if recorded is None:
         # The key was in flight elsewhere, or its conversion exists: nothing was written.
         return PostbackOutcome(
@@ -319,7 +324,7 @@ _TAKE_KEY_AND_COUNT = (
         RETURNING link_id
     ),"""
 )
-_RECORD_ON_POSTGRESQL = text(
+_RECORD_ON_POSTGRESQL_STATEMENT = text(
     _TAKE_KEY_AND_COUNT  # noqa: S608 - constant SQL, put together at import
     + PUBLISH_CTES_POSTGRESQL.format(
         source="conversion",
@@ -338,10 +343,12 @@ _RECORD_ON_POSTGRESQL = text(
     bindparam("lock_id", type_=BigInteger),
     bindparam("window_ms", type_=Text),
     *(bindparam(f"new_{name}", type_=_conversions[name].type) for name, _ in _INSERTED),
-    bindparam("event_name", value=CONVERSION_RECORDED),
+    bindparam("event_name", type_=String()),
     bindparam("created_at", type_=_conversions["created_at"].type),
-    bindparam("pending", value=PENDING),
+    bindparam("pending", type_=String()),
 )
+# Every new postback runs it: through psycopg itself (services.psycopg_direct).
+_RECORD_ON_POSTGRESQL = psycopg_sql(_RECORD_ON_POSTGRESQL_STATEMENT)
 # SQLite serializes writers: there is nothing to claim, only a row to join the link to.
 _TAKE_KEY_AND_INSERT_SQLITE = _take_key_and_insert(
     select(literal(1).label("one")).subquery("one_row"), true(), sqlite.insert
