@@ -23,7 +23,7 @@ with the key waits for the first to commit and then replays it.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 
 from psycopg.types.json import Json
@@ -74,9 +74,36 @@ class Postback:
         return self.link_code is not None or self.click_id is not None
 
 
+@dataclass
+class RecordedConversion:
+    """A conversion as a postback's answer and event carry it: the row's columns, plain.
+
+    Not an ORM instance, because nothing here goes through the session (the statements are Core
+    or psycopg), and building and reading an instrumented `Conversion` was 7% of a postback's CPU
+    (callgrind: 3.75 -> 3.46 million instructions per postback)."""
+
+    id: str
+    brand_id: str
+    idempotency_key: str
+    event_type: str
+    click_id: str | None
+    link_code: str | None
+    value_minor: int
+    currency: str
+    details: dict
+    attributed: bool
+    created_at: datetime
+    link_id: str | None = None
+    campaign_id: str | None = None
+    deal_id: str | None = None
+
+
+_RECORDED_FIELDS = tuple(column.name for column in fields(RecordedConversion))
+
+
 @dataclass(frozen=True)
 class PostbackOutcome:
-    conversion: Conversion
+    conversion: RecordedConversion
     replay: bool
 
 
@@ -98,7 +125,7 @@ def record_postback(
     :raise Conflict: another request with this key is still in its transaction.
     """
     now = now or utcnow()
-    conversion = Conversion(
+    conversion = RecordedConversion(
         id=new_id("conv", at=now),
         brand_id=brand_id,
         idempotency_key=idempotency_key,
@@ -145,7 +172,7 @@ def record_postback(
 
 
 def _record_on_postgresql(
-    connection, conversion: Conversion, parameters: dict, in_flight_window: int
+    connection, conversion: RecordedConversion, parameters: dict, in_flight_window: int
 ) -> PostbackOutcome:
     """Everything in ONE statement (`_RECORD_ON_POSTGRESQL`): take the key, store the
     conversion on its link, raise the link's counters, publish `conversion.recorded` with its
@@ -188,19 +215,19 @@ def _record_on_postgresql(
     return PostbackOutcome(conversion=conversion, replay=False)
 
 
-def _stored(brand_id: str, idempotency_key: str) -> Conversion:
+def _stored(brand_id: str, idempotency_key: str) -> RecordedConversion:
     """The conversion committed under the key, or Conflict when the key is in flight."""
-    conversion = db.session.scalar(
+    stored = db.session.scalar(
         select(Conversion).where(
             Conversion.brand_id == brand_id, Conversion.idempotency_key == idempotency_key
         )
     )
-    if conversion is None:
+    if stored is None:
         raise Conflict(
             "A postback with this Idempotency-Key is still being recorded; retry shortly",
             retry_after=CONFLICT_RETRY_AFTER_SECONDS,
         )
-    return conversion
+    return RecordedConversion(**{name: getattr(stored, name) for name in _RECORDED_FIELDS})
 
 
 # The statements of a new postback are built once: building and caching a statement per
