@@ -30,7 +30,9 @@ runs: the deliveries stay pending and the measurement is of the request path).
    reports the rate it achieved; a run that fell short of the target rate is said so, with
    whether the server or the client fell behind, and marked (`rate_kept: false`). The same run
    against the ceiling first (`ceiling_p99_ms_at_half_load`) shows what the machine itself
-   allows at that rate.
+   allows at that rate. `--latency-rounds` (3) pairs of runs, alternating ceiling and
+   postbacks: each server's figures are those of its run with the median p99, and every run's
+   p99 is in the JSON line (`postback_p99_ms_runs`, `ceiling_p99_ms_runs`).
 3. checks: every answer was 201; conversions stored = postbacks sent (wrk stops with up to one
    request per connection unanswered: those are recorded by the server but their 201 is never
    read, so for wrk's runs stored = 201s read + that tail, and for the open-loop client, which
@@ -840,6 +842,31 @@ def measure_latency(name: str, phase: str, url: str, rate: int, args, tally) -> 
     return latency
 
 
+def measure_latencies(ceiling_url: str, app_url: str, rate: int, args, tally) -> tuple[dict, dict]:
+    """`--latency-rounds` open-loop runs of each server at `rate`, alternating, the ceiling's
+    first (what this machine allows at that rate, to read the other by): of each server, the
+    run with the median p99 (of an even number, the higher of the middle two). The machine's
+    speed drifts within one benchmark (the ceiling's own runs differ by up to a third): one
+    slow spell should not decide the latency figure, as one run does not decide the rates."""
+    ceiling_runs, app_runs = [], []
+    for round_ in range(1, args.latency_rounds + 1):
+        ceiling_runs.append(
+            measure_latency("ceiling", f"clat{round_}", ceiling_url, rate, args, None)
+        )
+        app_runs.append(measure_latency("postbacks", f"lat{round_}", app_url, rate, args, tally))
+    args.ceiling_latency_runs = [run["p99_ms"] for run in ceiling_runs]
+    args.postback_latency_runs = [run["p99_ms"] for run in app_runs]
+    log(
+        f"p99 at {rate}/s: postbacks {args.postback_latency_runs} ms, ceiling "
+        f"{args.ceiling_latency_runs} ms; the median run of each is reported"
+    )
+    return _median_run(ceiling_runs), _median_run(app_runs)
+
+
+def _median_run(runs: list[dict]) -> dict:
+    return sorted(runs, key=lambda run: run["p99_ms"])[len(runs) // 2]
+
+
 def logged_errors(path: Path) -> list[str]:
     lines = path.read_text(errors="replace").splitlines()
     return [line for line in lines if " ERROR " in line or line.startswith("Traceback")]
@@ -882,11 +909,9 @@ def run(args, workdir: Path, processes: Processes) -> dict:
                 wrk, script, app_base, ceiling_base, path, args, tally
             )
             half = args.latency_rate or round(ceiling_rate / 2)
-            # The ceiling's first: what this machine allows at that rate, to read the other by.
-            ceiling_latency = measure_latency(
-                "ceiling", "clat", f"{ceiling_base}{path}", half, args, None
+            ceiling_latency, latency = measure_latencies(
+                f"{ceiling_base}{path}", f"{app_base}{path}", half, args, tally
             )
-            latency = measure_latency("postbacks", "lat", f"{app_base}{path}", half, args, tally)
 
             # Stopping gunicorn lets the requests in flight when wrk stopped finish (graceful).
             app_log = processes.log_path_of(app_server)
@@ -921,6 +946,8 @@ def run(args, workdir: Path, processes: Processes) -> dict:
         "ceiling_p50_ms_at_half_load": ceiling_latency["p50_ms"],
         "ceiling_runs_per_s": args.ceiling_runs,
         "postback_runs_per_s": args.postback_runs,
+        "ceiling_p99_ms_runs": args.ceiling_latency_runs,
+        "postback_p99_ms_runs": args.postback_latency_runs,
         "connections_per_worker": args.splits,
     }
 
@@ -937,6 +964,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--latency-rate", type=int, default=0, help="open-loop rate (default: half the ceiling)"
+    )
+    parser.add_argument(
+        "--latency-rounds",
+        type=int,
+        default=3,
+        help="open-loop runs of each server, alternating; the median run of each is reported",
     )
     parser.add_argument(
         "--logs",
