@@ -5,7 +5,7 @@ SQLAlchemy.
 
 Why: SQLAlchemy's work around each execution (an execution context, a result whose metadata is
 read from `cursor.description` every time for a textual statement, row processing) was 13% of a
-postback's CPU, counted in instructions with callgrind (4.27 -> 3.7 million per postback), and
+postback's CPU, counted in instructions with callgrind (4.27 -> 3.74 million per postback), and
 the postback benchmark's latency at half load is bound by each worker's CPU
 (docs/benchmarks.md, "Conversion postbacks").
 
