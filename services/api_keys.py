@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from collections import namedtuple
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import NamedTuple
 
 from sqlalchemy import bindparam, or_, select, update
 
@@ -115,13 +115,8 @@ _KEY_BY_SECRET_HASH = select(
 _KEY_BY_SECRET_HASH_ON_PSYCOPG = psycopg_sql(_KEY_BY_SECRET_HASH)
 
 
-class _KeyRow(NamedTuple):
-    id: str
-    brand_id: str
-    scopes: list[str]
-    secret_hash: str
-    revoked_at: datetime | None
-    last_used_at: datetime | None
+# A psycopg row of the lookup, its fields named as the statement's columns (as a Core row's are).
+_KeyRow = namedtuple("_KeyRow", _KEY_BY_SECRET_HASH.selected_columns.keys())
 
 
 def find_key_by_secret(secret: str) -> tuple[ActiveKey | None, bool]:
