@@ -109,14 +109,16 @@ def _finish_request(response):
     if request.path.startswith(API_PREFIX):
         # Responses may carry a one-time secret; no cache along the way may keep any of them.
         response.headers["Cache-Control"] = "no-store"
-        caller = g.get("caller")
-        access_log.info(
-            "request_id=%s method=%s path=%s status=%s duration_ms=%.1f caller=%s",
-            request_id(),
-            request.method,
-            request.path,
-            response.status_code,
-            (time.perf_counter() - g.get("started_at", time.perf_counter())) * 1000,
-            caller.actor if caller else "-",
-        )
+    # The one access line of every request (API, dashboard, health), so that `make run` needs
+    # no second one from gunicorn. The path only: a query string is the caller's to keep.
+    caller = g.get("caller")
+    access_log.info(
+        "request_id=%s method=%s path=%s status=%s duration_ms=%.1f caller=%s",
+        request_id(),
+        request.method,
+        request.path,
+        response.status_code,
+        (time.perf_counter() - g.get("started_at", time.perf_counter())) * 1000,
+        caller.actor if caller else "-",
+    )
     return response

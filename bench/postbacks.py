@@ -5,7 +5,7 @@ a real server, next to the ceiling of a bare route doing one INSERT and one SELE
 Run from the repository root:  .venv/bin/python -m bench.postbacks
 
 Two gunicorn servers run side by side, with the same settings as `make run` (`--workers 2
---threads 4 --worker-class gthread`; gunicorn's access log off, the app's own `brand_api.access`
+--threads 4 --worker-class gthread`, no gunicorn access log; the app's own `brand_api.access`
 line per request goes with each server's stderr to a log file) on the same new PostgreSQL
 database: `app:create_app()`, and the ceiling, `bench.postback_ceiling:create_app()` (one POST
 route on the same path: parse the JSON, INSERT a row and SELECT it in one transaction, answer
@@ -94,7 +94,7 @@ SPLIT_ATTEMPTS = 20
 EVEN = CONNECTIONS // WORKERS
 OPEN_LOOP_SPLIT_ATTEMPTS = 40
 SPLIT_SAMPLED_AFTER = 0.5
-# `make run`'s gunicorn (scripts/run.py start_children), less its access log; both servers.
+# `make run`'s gunicorn (scripts/run.py start_children), for both servers.
 GUNICORN_OPTIONS = [
     *("--workers", str(WORKERS), "--threads", "4", "--worker-class", "gthread"),
     *("--config", str(ROOT / "gunicorn.conf.py")),

@@ -329,8 +329,6 @@ def start_children(children: list[Child], env: dict[str, str], port: int) -> Non
             "4",
             "--worker-class",
             "gthread",
-            "--access-logfile",
-            "-",
             "--graceful-timeout",
             "5",
             "--config",
