@@ -112,11 +112,14 @@ def _finish_request(response):
     # The one access line of every request (API, dashboard, health), so that `make run` needs
     # no second one from gunicorn. The path only: a query string is the caller's to keep.
     caller = g.get("caller")
+    path = request.path
+    if not path.isprintable():  # a %0A in the URL must not start a forged log line
+        path = path.encode("unicode_escape").decode("ascii")
     access_log.info(
         "request_id=%s method=%s path=%s status=%s duration_ms=%.1f caller=%s",
         request_id(),
         request.method,
-        request.path,
+        path,
         response.status_code,
         (time.perf_counter() - g.get("started_at", time.perf_counter())) * 1000,
         caller.actor if caller else "-",

@@ -60,3 +60,11 @@ def test_dashboard_pages_are_logged_too(client, brand, write_key, access_lines):
     assert "method=GET path=/dashboard/keys status=200 " in lines[0]
     assert "caller=api_key:key_" in lines[0]
     assert write_key not in "\n".join(access_lines())  # not even the sign-in's POST
+
+
+def test_a_path_cannot_forge_a_log_line(client, access_lines):
+    response = client.get("/dashboard/x%0A2026-01-01 INFO brand_api.access status=200%09tab")
+    assert response.status_code == 404
+    [line] = access_lines()
+    assert "\n" not in line and "\t" not in line
+    assert "path=/dashboard/x\\n2026-01-01 INFO brand_api.access status=200\\ttab " in line
