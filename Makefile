@@ -19,7 +19,7 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/python scripts/run.py
 
-## make test: the whole suite (PostgreSQL and Redis when reachable, else SQLite and embedded Redis)
+## make test: the whole suite (PostgreSQL and Redis on 127.0.0.1 when they answer, else embedded ones)
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 

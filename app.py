@@ -24,6 +24,7 @@ from services.secret_box import SecretBox
 from workers import dispatch
 
 MAX_BODY_BYTES = 64 * 1024
+ENGINE_OPTIONS = {"pool_pre_ping": True, "pool_size": 10, "max_overflow": 10, "pool_recycle": 1800}
 access_log = logging.getLogger("brand_api.access")
 
 
@@ -33,14 +34,13 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
     settings = Settings.from_environ(
         os.environ if environ is None else environ,
         instance_path=app.instance_path,
-        root_path=app.root_path,
     )
     app.extensions["settings"] = settings
     app.extensions["secret_box"] = SecretBox(settings.encryption_key)
     app.config.update(
         SECRET_KEY=settings.secret_key,
         SQLALCHEMY_DATABASE_URI=settings.database_url,
-        SQLALCHEMY_ENGINE_OPTIONS=_engine_options(settings.database_url),
+        SQLALCHEMY_ENGINE_OPTIONS=ENGINE_OPTIONS,
         MAX_CONTENT_LENGTH=MAX_BODY_BYTES,
         TESTING=settings.app_env == "test",
         SESSION_COOKIE_HTTPONLY=True,
@@ -62,12 +62,6 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
     app.before_request(_start_request)
     app.after_request(_finish_request)
     return app
-
-
-def _engine_options(url: str) -> dict:
-    if url.startswith("sqlite"):
-        return {"connect_args": {"timeout": 30}}
-    return {"pool_pre_ping": True, "pool_size": 10, "max_overflow": 10, "pool_recycle": 1800}
 
 
 def _configure_logging() -> None:

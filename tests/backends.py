@@ -1,30 +1,34 @@
-"""The database and Redis a test run uses, and how it gives them back.
+"""The PostgreSQL and Redis a test run uses, and how it gives them back.
 
 `BRAND_TEST_BACKENDS` chooses:
 - `auto` (default): PostgreSQL on 127.0.0.1:5432 and Redis on 127.0.0.1:6379 when they answer,
-  else a SQLite file and the embedded Redis (a newcomer's laptop);
+  else an embedded PostgreSQL and the embedded Redis (a newcomer's laptop);
 - `services`: PostgreSQL and Redis, and fail if either is missing (what CI runs first);
-- `embedded`: SQLite and the embedded Redis even when the services exist (CI's second run).
+- `embedded`: the embedded PostgreSQL and Redis even when the services exist (CI's second run).
 
-The suite never touches data it did not create: it makes a database of its own (dropped at the
-end) and claims a Redis db number only when that db is empty (flushed at the end).
+Either way the suite runs on PostgreSQL, the one database the service supports. It never
+touches data it did not create: it makes a database of its own (dropped at the end) and claims
+a Redis db number only when that db is empty (flushed at the end). An embedded PostgreSQL gets
+a fresh data directory, and is stopped and removed at the end.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
-import tempfile
+import shutil
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import psycopg
 import redis
 
 from workers.dispatch import drain_requester
+from workers.embedded_postgres import EmbeddedPostgres
 from workers.embedded_redis import EmbeddedRedis
 
 PG_HOST = os.environ.get("TEST_PG_HOST", "127.0.0.1")
@@ -35,12 +39,21 @@ REDIS_PORT = int(os.environ.get("TEST_REDIS_PORT", "6379"))
 CLAIM_KEY = "brand-api-test:claimed-by"
 
 
+class PostgresServer(Protocol):
+    """Where test databases are made: the machine's server or an embedded one."""
+
+    def connect_maintenance(self) -> psycopg.Connection: ...
+
+    def url(self, database: str) -> str: ...
+
+
 @dataclass
 class Backends:
     database_url: str
     redis_url: str
-    database_kind: str  # "postgresql" or "sqlite"
+    postgres_kind: str  # "server" or "embedded"
     redis_kind: str  # "server" or "embedded"
+    postgres: PostgresServer
     _cleanups: list = field(default_factory=list)
 
     def close(self) -> None:
@@ -69,35 +82,88 @@ def open_backends(workdir: Path) -> Backends:
             f"{PG_HOST}:{PG_PORT} or Redis on {REDIS_HOST}:{REDIS_PORT} is not reachable"
         )
     cleanups: list = []
-    if pg_user is not None:
-        database_url = _create_pg_database(pg_user, cleanups)
-        database_kind = "postgresql"
-    else:
-        database_url = f"sqlite:///{workdir / 'test.db'}"
-        database_kind = "sqlite"
-    if redis_db is not None:
-        redis_url = _claim_redis_db(redis_db, cleanups)
-        redis_kind = "server"
-    else:
-        redis_url = _start_embedded_redis(workdir, cleanups)
-        redis_kind = "embedded"
-    return Backends(database_url, redis_url, database_kind, redis_kind, cleanups)
+    try:
+        if pg_user is not None:
+            postgres: PostgresServer = MachinePostgres(pg_user)
+            postgres_kind = "server"
+        else:
+            postgres = _start_embedded_postgres(workdir, cleanups)
+            postgres_kind = "embedded"
+        database_url = create_database(postgres, cleanups)
+        if redis_db is not None:
+            redis_url = _claim_redis_db(redis_db, cleanups)
+            redis_kind = "server"
+        else:
+            redis_url = _start_embedded_redis(workdir, cleanups)
+            redis_kind = "embedded"
+    except BaseException:
+        for cleanup in reversed(cleanups):
+            with suppress(Exception):
+                cleanup()
+        raise
+    return Backends(database_url, redis_url, postgres_kind, redis_kind, postgres, cleanups)
 
 
 @contextmanager
 def scratch_database(backends: Backends) -> Iterator[str]:
-    """A second, empty database of the same kind (for migration tests), dropped afterwards."""
-    if backends.database_kind == "postgresql":
-        cleanups: list = []
-        url = _create_pg_database(_postgres_user(), cleanups)
-        try:
-            yield url
-        finally:
-            for cleanup in cleanups:
-                cleanup()
-    else:
-        with tempfile.TemporaryDirectory() as directory:
-            yield f"sqlite:///{directory}/scratch.db"
+    """A second, empty database on the same server (for migration tests), dropped afterwards."""
+    cleanups: list = []
+    url = create_database(backends.postgres, cleanups)
+    try:
+        yield url
+    finally:
+        for cleanup in cleanups:
+            cleanup()
+
+
+def create_database(postgres: PostgresServer, cleanups: list) -> str:
+    name = f"brand_api_test_{os.getpid()}_{secrets.token_hex(4)}"
+    with postgres.connect_maintenance() as connection:
+        connection.execute(f'CREATE DATABASE "{name}"')
+
+    def drop() -> None:
+        with postgres.connect_maintenance() as connection:
+            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    cleanups.append(drop)
+    return postgres.url(name)
+
+
+@dataclass(frozen=True)
+class MachinePostgres:
+    """The PostgreSQL server the machine runs (CI's, or a developer's own)."""
+
+    user: str
+
+    def connect_maintenance(self) -> psycopg.Connection:
+        return psycopg.connect(_pg_dsn(self.user, PG_MAINTENANCE_DB), autocommit=True)
+
+    def url(self, database: str) -> str:
+        return f"postgresql+psycopg://{self.user}@{PG_HOST}:{PG_PORT}/{database}"
+
+
+class EmbeddedTestPostgres:
+    """An embedded server of the run's own, in a fresh data directory."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.server = EmbeddedPostgres(data_dir)
+
+    def connect_maintenance(self) -> psycopg.Connection:
+        return self.server.connect(autocommit=True)
+
+    def url(self, database: str) -> str:
+        return self.server.url(database)
+
+    def remove(self) -> None:
+        self.server.stop()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+def _start_embedded_postgres(workdir: Path, cleanups: list) -> EmbeddedTestPostgres:
+    postgres = EmbeddedTestPostgres(workdir / "postgres")
+    cleanups.append(postgres.remove)
+    return postgres
 
 
 def _postgres_user() -> str | None:
@@ -114,19 +180,6 @@ def _postgres_user() -> str | None:
 
 def _pg_dsn(user: str, dbname: str) -> str:
     return f"host={PG_HOST} port={PG_PORT} user={user} dbname={dbname}"
-
-
-def _create_pg_database(user: str, cleanups: list) -> str:
-    name = f"brand_api_test_{os.getpid()}_{secrets.token_hex(4)}"
-    with psycopg.connect(_pg_dsn(user, PG_MAINTENANCE_DB), autocommit=True) as connection:
-        connection.execute(f'CREATE DATABASE "{name}"')
-
-    def drop() -> None:
-        with psycopg.connect(_pg_dsn(user, PG_MAINTENANCE_DB), autocommit=True) as connection:
-            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-    cleanups.append(drop)
-    return f"postgresql+psycopg://{user}@{PG_HOST}:{PG_PORT}/{name}"
 
 
 def _claimable_redis() -> int | None:

@@ -6,17 +6,20 @@ import pytest
 
 from config import ConfigError, Settings
 
+DATABASE = "postgresql://app@db.internal/brand"
+
 
 def settings(tmp_path, **environ) -> Settings:
-    return Settings.from_environ(
-        environ, instance_path=str(tmp_path / "instance"), root_path=str(tmp_path)
-    )
+    """Settings of a process with DATABASE_URL set, unless the test says otherwise."""
+    environ.setdefault("DATABASE_URL", DATABASE)
+    environ = {name: value for name, value in environ.items() if value is not None}
+    return Settings.from_environ(environ, instance_path=str(tmp_path / "instance"))
 
 
 def test_development_defaults(tmp_path):
     loaded = settings(tmp_path)
     assert loaded.app_env == "development"
-    assert loaded.database_url == f"sqlite:///{tmp_path}/instance/brand.db"
+    assert loaded.database_url == "postgresql+psycopg://app@db.internal/brand"
     assert loaded.redis_url is None
     assert loaded.port == 5000
     assert loaded.webhook_retry_schedule == (5, 300, 1800, 7200, 18000, 36000, 36000)
@@ -48,12 +51,44 @@ def test_production_requires_its_secrets(tmp_path, missing):
         ("postgresql://u@h/db", "postgresql+psycopg://u@h/db"),
         ("postgres://u@h/db", "postgresql+psycopg://u@h/db"),
         ("postgresql+psycopg://u@h/db", "postgresql+psycopg://u@h/db"),
-        ("sqlite:////abs/file.db", "sqlite:////abs/file.db"),
-        ("sqlite://", "sqlite://"),
     ],
 )
 def test_database_urls_name_the_psycopg_driver(tmp_path, url, expected):
     assert settings(tmp_path, DATABASE_URL=url).database_url == expected
+
+
+@pytest.mark.parametrize("url", ["sqlite:////abs/brand.db", "sqlite://", "mysql://u@h/db"])
+def test_a_database_other_than_postgresql_is_refused_in_one_line(tmp_path, url):
+    with pytest.raises(ConfigError) as raised:
+        settings(tmp_path, DATABASE_URL=url)
+    message = str(raised.value)
+    assert "\n" not in message
+    assert "PostgreSQL is the only database" in message
+    assert "unset DATABASE_URL" in message
+
+
+@pytest.mark.parametrize("app_env", ["development", "test", "production"])
+def test_no_database_url_and_no_make_run_says_what_to_do(tmp_path, app_env):
+    environ = {"APP_ENV": app_env, "SECRET_KEY": "s" * 32, "ENCRYPTION_KEY": "e" * 44}
+    with pytest.raises(ConfigError, match=r"DATABASE_URL is not set: start `make run`"):
+        settings(tmp_path, DATABASE_URL=None, **environ)
+
+
+def test_embedded_postgresql_url_is_found_only_while_its_socket_exists(tmp_path):
+    instance = tmp_path / "instance"
+    instance.mkdir()
+    socket_dir = tmp_path / "pg"
+    socket_dir.mkdir()
+    url = f"postgresql+psycopg://postgres@/brand?host={socket_dir}"
+    (instance / "database-url").write_text(url + "\n")
+    with pytest.raises(ConfigError, match="DATABASE_URL is not set"):
+        settings(tmp_path, DATABASE_URL=None)
+    (socket_dir / ".s.PGSQL.5432").touch()
+    assert settings(tmp_path, DATABASE_URL=None).database_url == url
+    with pytest.raises(ConfigError, match="DATABASE_URL is not set"):
+        settings(tmp_path, DATABASE_URL=None, APP_ENV="test")  # development only
+    # An explicit DATABASE_URL wins over a running `make run`.
+    assert settings(tmp_path).database_url == "postgresql+psycopg://app@db.internal/brand"
 
 
 @pytest.mark.parametrize(

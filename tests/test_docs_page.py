@@ -17,7 +17,8 @@ from blueprints.docs_rendering import api_reference, doc_inline, doc_text
 
 ENVIRON = {
     "APP_ENV": "test",
-    "DATABASE_URL": "sqlite://",
+    # Rendering the document touches no database: nothing ever connects to this one.
+    "DATABASE_URL": "postgresql://docs@127.0.0.1:1/never-connected",
     "SECRET_KEY": "x",
     "ENCRYPTION_KEY": "dGVzdC1lbmNyeXB0aW9uLWtleS0zMi1ieXRlcyEhISE=",
 }
@@ -399,7 +400,7 @@ def test_reference_resolves_refs_and_builds_examples(spec):
 
 
 def test_docs_page_documents_every_event_with_its_sample_body(docs_app):
-    from services.event_catalog import EVENT_TYPES, sample_data
+    from models.event_catalog import EVENT_TYPES, sample_data
 
     page = docs_app.test_client().get("/docs").get_data(as_text=True)
     assert "X-Service-Signature" in page and "X-Service-Delivery" in page

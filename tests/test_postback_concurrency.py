@@ -2,13 +2,13 @@
 (tests/server_process.py): partners retry aggressively and in parallel, and servers die or hang
 in the middle of a request.
 
-What a brand must be able to count on, on both backends:
+What a brand must be able to count on:
 - one Idempotency-Key is one conversion, however many requests carry it at once: one row, the
   link counted once, one `conversion.recorded` and one delivery per subscribed endpoint;
 - concurrent postbacks with different keys on one link lose no count;
 - a request that fails, dies or hangs between taking the key and committing leaves nothing
   behind, and its key can be taken by a retry (at once when it died; after the in-flight window
-  when it hangs, on PostgreSQL);
+  when it hangs);
 - the route is not throttled per client address.
 
 PostgreSQL and SQLite differ where the SPEC lets them: on PostgreSQL a duplicate that arrives
@@ -18,7 +18,6 @@ SQLite writers are serialized, so it waits for the first to commit and replays i
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 import time
 import uuid
@@ -55,10 +54,9 @@ CONCURRENT_REQUESTS = 50
 SEQUENTIAL_REQUESTS = 200
 # Short for the test; production's default is 120 s.
 IN_FLIGHT_WINDOW = 2
-# How long the hung server sleeps between writing everything and committing. On PostgreSQL it
-# outlasts the window by enough for a retry to take the key over while it still hangs; on SQLite
-# nothing ends it, and every writer waits for it, so it is short.
-HANG_SECONDS = {"postgresql": 6, "sqlite": 2}
+# How long the hung server sleeps between writing everything and committing: it outlasts the
+# window by enough for a retry to take the key over while it still hangs.
+HANG_SECONDS = 6
 LOCAL_URLS = UrlPolicy(https_only=False, allow_local=True)
 T0 = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
 
@@ -321,7 +319,7 @@ def wait_until(condition: Callable[[], bool], *, timeout: float, what: str) -> f
 # --- 1. concurrent retries ----------------------------------------------------------------------
 
 
-def test_fifty_concurrent_postbacks_with_one_key_record_one_conversion(app, backends, server, shop):
+def test_fifty_concurrent_postbacks_with_one_key_record_one_conversion(app, server, shop):
     key = new_key()
     # Every request carries its own body; the one answered 201 is the one stored and counted.
     answers = all_at_once(
@@ -346,9 +344,6 @@ def test_fifty_concurrent_postbacks_with_one_key_record_one_conversion(app, back
             assert_replay(answer, conversion_id)
         elif answer.status == 409:
             assert_conflict(answer)
-    if backends.database_kind == "sqlite":
-        # Writers are serialized: a duplicate waits for the first to commit, then replays it.
-        assert statuses == {201: 1, 200: CONCURRENT_REQUESTS - 1}
 
     state = snapshot(app, shop)
     assert state.conversions == (
@@ -361,7 +356,7 @@ def test_fifty_concurrent_postbacks_with_one_key_record_one_conversion(app, back
     assert snapshot(app, shop) == state
 
 
-def test_fifty_concurrent_postbacks_with_different_keys_lose_no_count(app, backends, server, shop):
+def test_fifty_concurrent_postbacks_with_different_keys_lose_no_count(app, server, shop):
     keys = [new_key(f"order-{number:02d}") for number in range(CONCURRENT_REQUESTS)]
     answers = all_at_once(
         CONCURRENT_REQUESTS,
@@ -378,9 +373,8 @@ def test_fifty_concurrent_postbacks_with_different_keys_lose_no_count(app, backe
     )
     total = sum(VALUE_MINOR + number for number in range(CONCURRENT_REQUESTS))
     assert counts(state) == recorded(shop, CONCURRENT_REQUESTS, total)
-    if backends.database_kind == "postgresql":
-        # Counted in more than one of the link's slots: they did not all queue on one row.
-        assert count_slots(app, shop) > 1
+    # Counted in more than one of the link's slots: they did not all queue on one row.
+    assert count_slots(app, shop) > 1
 
 
 # --- 2. failure between taking the key and committing -------------------------------------------
@@ -444,48 +438,26 @@ def test_a_server_dying_before_commit_leaves_nothing_and_frees_the_key(
     assert counts(state) == recorded(shop, 1, VALUE_MINOR)
 
 
-def in_flight_probe(app, backends) -> Callable[[], bool]:
+def in_flight_probe(app) -> Callable[[], bool]:
     """True while some request is inside a postback transaction that has taken a key."""
-    if backends.database_kind == "postgresql":
 
-        def advisory_lock_held() -> bool:
-            with app.app_context():
-                return bool(
-                    db.session.scalar(
-                        text(
-                            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
-                            "AND granted AND database = "
-                            "(SELECT oid FROM pg_database WHERE datname = current_database())"
-                        )
+    def advisory_lock_held() -> bool:
+        with app.app_context():
+            return bool(
+                db.session.scalar(
+                    text(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                        "AND granted AND database = "
+                        "(SELECT oid FROM pg_database WHERE datname = current_database())"
                     )
                 )
+            )
 
-        return advisory_lock_held
-
-    path = backends.database_url.removeprefix("sqlite:///")
-
-    def write_lock_held() -> bool:
-        connection = sqlite3.connect(path, timeout=0, isolation_level=None)
-        try:
-            connection.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as error:
-            if "locked" not in str(error):
-                raise
-            return True
-        else:
-            connection.execute("ROLLBACK")
-            return False
-        finally:
-            connection.close()
-
-    return write_lock_held
+    return advisory_lock_held
 
 
-def test_a_hung_postback_holds_its_key_until_the_in_flight_window_ends(
-    app, app_environ, backends, shop
-):
-    kind = backends.database_kind
-    hang = HANG_SECONDS[kind]
+def test_a_hung_postback_holds_its_key_until_the_in_flight_window_ends(app, app_environ, shop):
+    hang = HANG_SECONDS
     window = {"POSTBACK_IN_FLIGHT_WINDOW": str(IN_FLIGHT_WINDOW)}
     nothing = snapshot(app, shop)
     key = new_key()
@@ -513,7 +485,7 @@ def test_a_hung_postback_holds_its_key_until_the_in_flight_window_ends(
 
         hanging = threading.Thread(target=send_to_hung_server, daemon=True)
         hanging.start()
-        in_flight = in_flight_probe(app, backends)
+        in_flight = in_flight_probe(app)
         took_key_at = wait_until(
             lambda: in_flight() or not hanging.is_alive(),
             timeout=10,
@@ -523,42 +495,31 @@ def test_a_hung_postback_holds_its_key_until_the_in_flight_window_ends(
         # Everything is written and nothing is visible: no reader sees half a conversion.
         assert snapshot(app, shop) == nothing
 
-        if kind == "postgresql":
-            # Refused at once, not queued behind the hung request.
-            conflict = send_postback(other.url, shop, key)
-            assert_conflict(conflict)
-            assert conflict.elapsed < 1.0, conflict.elapsed
+        # Refused at once, not queued behind the hung request.
+        conflict = send_postback(other.url, shop, key)
+        assert_conflict(conflict)
+        assert conflict.elapsed < 1.0, conflict.elapsed
 
-            # The database ends the hung transaction when the window has passed; the key is
-            # then free for a retry, while the first request still hangs.
-            deadline = took_key_at + IN_FLIGHT_WINDOW + 10
+        # The database ends the hung transaction when the window has passed; the key is
+        # then free for a retry, while the first request still hangs.
+        deadline = took_key_at + IN_FLIGHT_WINDOW + 10
+        retry = send_postback(other.url, shop, key)
+        while retry.status == 409 and time.monotonic() < deadline:
+            assert_conflict(retry)
+            time.sleep(0.2)
             retry = send_postback(other.url, shop, key)
-            while retry.status == 409 and time.monotonic() < deadline:
-                assert_conflict(retry)
-                time.sleep(0.2)
-                retry = send_postback(other.url, shop, key)
-            taken_over_at = time.monotonic()
-            conversion_id = assert_created(retry, shop)
-            assert taken_over_at - took_key_at >= IN_FLIGHT_WINDOW / 2
-            assert hanging.is_alive(), "the takeover came only after the hung request ended"
+        taken_over_at = time.monotonic()
+        conversion_id = assert_created(retry, shop)
+        assert taken_over_at - took_key_at >= IN_FLIGHT_WINDOW / 2
+        assert hanging.is_alive(), "the takeover came only after the hung request ended"
 
-            hanging.join(hang + 25)
-            answer = first.get("answer", "no answer yet")
-            assert isinstance(answer, Answer), answer
-            # Its session was terminated: when it wakes it cannot commit, and says the
-            # database is unavailable (retry), not that something unexpected broke.
-            assert answer.status == 503, answer.body
-            assert answer.body["errorCode"] == "SERVICE_UNAVAILABLE"
-        else:
-            # No window on SQLite: the hung request holds the database's write lock, so the
-            # duplicate waits for it to commit and replays it.
-            duplicate = send_postback(other.url, shop, key)
-            hanging.join(hang + 25)
-            answer = first.get("answer", "no answer yet")
-            assert isinstance(answer, Answer), answer
-            conversion_id = assert_created(answer, shop)
-            assert_replay(duplicate, conversion_id)
-            assert duplicate.elapsed >= 0.5, duplicate.elapsed
+        hanging.join(hang + 25)
+        answer = first.get("answer", "no answer yet")
+        assert isinstance(answer, Answer), answer
+        # Its session was terminated: when it wakes it cannot commit, and says the
+        # database is unavailable (retry), not that something unexpected broke.
+        assert answer.status == 503, answer.body
+        assert answer.body["errorCode"] == "SERVICE_UNAVAILABLE"
 
         assert_replay(send_postback(other.url, shop, key), conversion_id)
         state = snapshot(app, shop)

