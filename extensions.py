@@ -5,7 +5,7 @@ from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy import MetaData
 from sqlalchemy.orm import DeclarativeBase
 
-# Named constraints let Alembic alter and drop them, SQLite's batch mode included.
+# Named constraints let Alembic alter and drop them by name.
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
     "uq": "uq_%(table_name)s_%(column_0_name)s",
@@ -19,15 +19,5 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 
-def render_migration_type(type_: str, obj, autogen_context):
-    """Autogenerate writes `UTCDateTime` as the plain type it stores, so that migrations never
-    import application code (which changes after the migration is written)."""
-    from models.columns import UTCDateTime
-
-    if type_ == "type" and isinstance(obj, UTCDateTime):
-        return "sa.DateTime(timezone=True)"
-    return False
-
-
 db = SQLAlchemy(model_class=Base)
-migrate = Migrate(render_as_batch=True, compare_type=True, render_item=render_migration_type)
+migrate = Migrate(compare_type=True)

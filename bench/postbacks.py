@@ -594,8 +594,8 @@ def make_data(app) -> dict:
     from models.columns import utcnow
     from services.api_keys import create_api_key
     from services.brands import create_brand
-    from services.platform.campaigns import create_campaign, publish_campaign
-    from services.platform.tracked_links import create_tracked_link
+    from services.platform_changes.campaigns import create_campaign, publish_campaign
+    from services.platform_changes.tracked_links import create_tracked_link
     from services.webhook_endpoints import current_url_policy, register_endpoint
 
     def committed(change, *args, read="id", **kwargs):

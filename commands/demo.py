@@ -8,8 +8,8 @@ import click
 from flask.cli import AppGroup
 
 from commands import command_transaction
-from services.demo import database_is_empty, seed_demo_workspace
-from services.demo_simulation import simulate_step
+from fixtures.demo import database_is_empty, seed_demo_workspace
+from fixtures.demo_simulation import simulate_step
 
 demo = AppGroup("demo", help="The demo workspace.")
 

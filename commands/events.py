@@ -10,8 +10,8 @@ import click
 from flask.cli import AppGroup
 
 from commands import command_transaction
+from models.event_catalog import EVENT_NAMES, is_event_name, sample_data
 from services.brands import get_brand
-from services.event_catalog import EVENT_NAMES, is_event_name, sample_data
 from services.events import publish_event
 
 events = AppGroup("events", help="Webhook events.")

@@ -60,6 +60,16 @@ def run_migrations_offline():
         context.run_migrations()
 
 
+def render_migration_type(type_, obj, autogen_context):
+    """Autogenerate writes `UTCDateTime` as the plain type it stores, so that migrations never
+    import application code (which changes after the migration is written)."""
+    from models.columns import UTCDateTime
+
+    if type_ == "type" and isinstance(obj, UTCDateTime):
+        return "sa.DateTime(timezone=True)"
+    return False
+
+
 def run_migrations_online():
     """Run migrations in 'online' mode.
 
@@ -81,29 +91,15 @@ def run_migrations_online():
     conf_args = current_app.extensions["migrate"].configure_args
     if conf_args.get("process_revision_directives") is None:
         conf_args["process_revision_directives"] = process_revision_directives
+    conf_args.setdefault("render_item", render_migration_type)
 
     connectable = get_engine()
 
     with connectable.connect() as connection:
-        on_sqlite = connection.dialect.name == "sqlite"
-        if on_sqlite:
-            # Batch mode changes a SQLite table by copying it, dropping the old one and renaming
-            # the copy; with foreign keys enforced, that drop would cascade to every row that
-            # refers to the table. Off while migrating (outside a transaction, or SQLite ignores
-            # it), and the references checked afterwards.
-            connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
-            connection.commit()
         context.configure(connection=connection, target_metadata=get_metadata(), **conf_args)
 
         with context.begin_transaction():
             context.run_migrations()
-
-        if on_sqlite:
-            broken = connection.exec_driver_sql("PRAGMA foreign_key_check").all()
-            connection.exec_driver_sql("PRAGMA foreign_keys=ON")
-            connection.commit()
-            if broken:
-                raise RuntimeError(f"migration left rows with broken references: {broken[:5]}")
 
 
 if context.is_offline_mode():

@@ -11,6 +11,10 @@ from extensions import db
 from models.columns import UTCDateTime, id_column_type, new_id, utcnow
 
 KEY_NAME_MAX_LENGTH = 100
+READ = "read"
+WRITE = "write"
+SCOPES = (READ, WRITE)
+DEFAULT_SCOPES = (READ,)
 
 
 class ApiKey(db.Model):

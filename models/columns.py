@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import secrets
-import sqlite3
 import threading
 import time
 from datetime import UTC, datetime
 
-from sqlalchemy import DateTime, String, event
-from sqlalchemy.engine import Engine
+from sqlalchemy import DateTime, String
 from sqlalchemy.types import TypeDecorator
 
 _CROCKFORD32 = "0123456789abcdefghjkmnpqrstvwxyz"
@@ -53,10 +51,9 @@ def utcnow() -> datetime:
 
 
 class UTCDateTime(TypeDecorator):
-    """Aware UTC datetimes in and out, on PostgreSQL and SQLite alike.
+    """Aware UTC datetimes in and out of a `timestamptz`, whatever the session's TimeZone.
 
-    SQLite keeps no zone, so values are stored as naive UTC there and made aware on the way out;
-    a naive datetime on the way in is a programming error, not something to guess about.
+    A naive datetime on the way in is a programming error, not something to guess about.
     """
 
     impl = DateTime(timezone=True)
@@ -67,22 +64,7 @@ class UTCDateTime(TypeDecorator):
             return None
         if value.tzinfo is None:
             raise ValueError("naive datetime given where an aware UTC datetime is required")
-        value = value.astimezone(UTC)
-        return value if dialect.name == "postgresql" else value.replace(tzinfo=None)
+        return value.astimezone(UTC)
 
     def process_result_value(self, value: datetime | None, dialect) -> datetime | None:
-        if value is None:
-            return None
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
-@event.listens_for(Engine, "connect")
-def _configure_sqlite(dbapi_connection, _record) -> None:
-    """Foreign keys on; WAL and a busy timeout so the web server and worker share the file."""
-    if not isinstance(dbapi_connection, sqlite3.Connection):
-        return
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA foreign_keys=ON")
-    cursor.execute("PRAGMA busy_timeout=10000")
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.close()
+        return None if value is None else value.astimezone(UTC)

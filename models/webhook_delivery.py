@@ -42,13 +42,11 @@ class WebhookDelivery(db.Model):
             "endpoint_id",
             "next_attempt_at",
             postgresql_where=_PENDING_ONLY,
-            sqlite_where=_PENDING_ONLY,
         ),
         Index(
             "ix_webhook_deliveries_due",
             "next_attempt_at",
             postgresql_where=_PENDING_ONLY,
-            sqlite_where=_PENDING_ONLY,
         ),
     )
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import JSON, ForeignKey, Index, Integer, String, Text, and_
+from sqlalchemy import ForeignKey, Index, Integer, String, Text, and_
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.hybrid import hybrid_property
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -29,7 +31,8 @@ class WebhookEndpoint(db.Model):
         id_column_type(), ForeignKey("brands.id", ondelete="CASCADE")
     )
     url: Mapped[str] = mapped_column(String(URL_MAX_LENGTH))
-    events: Mapped[list[str]] = mapped_column(JSON)
+    # JSONB: publishing asks `events ? name` of every endpoint of the brand.
+    events: Mapped[list[str]] = mapped_column(JSONB)
     # Fernet ciphertext (services/secret_box.py); the plain secret is shown once and never stored.
     secret_ciphertext: Mapped[str] = mapped_column(Text)
     consecutive_failures: Mapped[int] = mapped_column(Integer, default=0)
@@ -51,7 +54,20 @@ class WebhookEndpoint(db.Model):
     @is_active.inplace.expression
     @classmethod
     def _is_active_expression(cls):
-        return and_(cls.disabled_at.is_(None), cls.deleted_at.is_(None))
+        return endpoint_is_open(cls)
 
     def __repr__(self) -> str:
         return f"<WebhookEndpoint {self.id} {self.url}>"
+
+
+def endpoint_is_open(columns):
+    """The one rule for "this endpoint receives deliveries" (neither disabled nor deleted), on
+    the model's or any alias's columns: `WebhookEndpoint.is_active` and every statement use it."""
+    return and_(columns.disabled_at.is_(None), columns.deleted_at.is_(None))
+
+
+def endpoint_is_open_sql(alias: str) -> str:
+    """`endpoint_is_open` as SQL text, for statements written in SQL, on the table named
+    `alias` in them."""
+    columns = WebhookEndpoint.__table__.alias(alias).c
+    return str(endpoint_is_open(columns).compile(dialect=postgresql.dialect()))

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from marshmallow import fields, validate
 
-from models.api_key import KEY_NAME_MAX_LENGTH
+from models.api_key import DEFAULT_SCOPES, KEY_NAME_MAX_LENGTH, SCOPES
 from schemas.base import ApiSchema, Label, Timestamp
-from services.api_keys import DEFAULT_SCOPES, SCOPES
 
 
 class KeyCreateSchema(ApiSchema):

@@ -7,6 +7,7 @@ import json
 
 from marshmallow import ValidationError, fields, post_load, validate, validates
 
+from models import credentials
 from models.conversion import (
     CLICK_ID_MAX_LENGTH,
     EVENT_TYPE_MAX_LENGTH,
@@ -20,7 +21,6 @@ from schemas.base import ApiSchema, Label, ResourceId, Timestamp, currency_field
 from schemas.campaigns import CAMPAIGN_ID_EXAMPLE
 from schemas.deals import DEAL_ID_EXAMPLE
 from schemas.envelope import SortedPageQuerySchema
-from services import credentials
 
 IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
 METADATA_MAX_BYTES = 8 * 1024

@@ -8,9 +8,8 @@ from functools import cache
 
 from marshmallow import Schema, fields, validate
 
+from models.paging import ASCENDING, DEFAULT_LIMIT, DESCENDING, MAX_LIMIT, MAX_PAGE
 from schemas.base import ApiSchema
-from services.pagination import DEFAULT_LIMIT, MAX_LIMIT, MAX_PAGE
-from services.records import ASCENDING, DESCENDING
 
 ERROR_CODES = (
     "VALIDATION_ERROR",

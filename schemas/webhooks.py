@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from marshmallow import fields, validate
 
+from models.event_catalog import DEFAULT_SUBSCRIPTION, EVENT_NAMES
 from models.webhook_delivery import DELIVERY_STATUSES, RESPONSE_BODY_MAX_BYTES
+from models.webhook_endpoint import URL_MAX_LENGTH
 from schemas.base import ApiSchema, Timestamp
 from schemas.envelope import SortedPageQuerySchema
-from services.endpoint_urls import URL_MAX_LENGTH
-from services.event_catalog import DEFAULT_SUBSCRIPTION, EVENT_NAMES
 
 ENDPOINT_ID_EXAMPLE = "whe_01jd3kr7s9t1v3w5x7y9z1a3b5"
 DELIVERY_ID_EXAMPLE = "whd_01jd3kt0v2w4x6y8z0a2b4c6d8"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from marshmallow import fields, validate
 
+from models.api_key import SCOPES
 from models.brand import KYB_STATUSES, PLANS
 from schemas.base import ApiSchema, Timestamp
-from services.api_keys import SCOPES
 
 
 class PeriodSchema(ApiSchema):

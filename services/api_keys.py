@@ -10,17 +10,13 @@ from datetime import datetime, timedelta
 from sqlalchemy import bindparam, or_, select, update
 
 from extensions import db
-from models import ApiKey
+from models import ApiKey, credentials
+from models.api_key import DEFAULT_SCOPES, SCOPES
 from models.columns import utcnow
-from services import credentials
 from services.brands import get_brand
 from services.errors import NotFound
 from services.psycopg_direct import fetch_first_on_psycopg, psycopg_sql
 
-READ = "read"
-WRITE = "write"
-SCOPES = (READ, WRITE)
-DEFAULT_SCOPES = (READ,)
 # lastUsedAt is kept to this resolution so that a busy key costs one UPDATE a minute, not one a
 # request; listings show "used in the last minute" exactly as well.
 LAST_USED_RESOLUTION = timedelta(seconds=60)
@@ -123,11 +119,8 @@ def find_key_by_secret(secret: str) -> tuple[ActiveKey | None, bool]:
     """Look a presented secret up: `(key, revoked)`; `(None, False)` when it is unknown."""
     connection = db.session.connection()
     params = {"secret_hash": credentials.hash_secret(secret)}
-    if connection.dialect.name == "postgresql":
-        found = fetch_first_on_psycopg(connection, _KEY_BY_SECRET_HASH_ON_PSYCOPG, params)
-        row = _KeyRow(*found) if found is not None else None
-    else:
-        row = connection.execute(_KEY_BY_SECRET_HASH, params).first()
+    found = fetch_first_on_psycopg(connection, _KEY_BY_SECRET_HASH_ON_PSYCOPG, params)
+    row = _KeyRow(*found) if found is not None else None
     if row is None or not credentials.hash_matches(row.secret_hash, secret):
         return None, False
     return _active_key_and_revoked(row)

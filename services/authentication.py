@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from models import credentials
+from models.api_key import READ, WRITE
 from models.columns import utcnow
-from services import credentials
-from services.api_keys import READ, WRITE, find_key_by_id, find_key_by_secret, record_key_use
+from services.api_keys import find_key_by_id, find_key_by_secret, record_key_use
 from services.bootstrap_tokens import find_valid_bootstrap_token
 from services.errors import Forbidden, Unauthorized
 

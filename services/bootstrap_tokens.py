@@ -9,9 +9,8 @@ from datetime import datetime, timedelta
 from sqlalchemy import select, update
 
 from extensions import db
-from models import BootstrapToken
+from models import BootstrapToken, credentials
 from models.columns import utcnow
-from services import credentials
 from services.brands import get_brand
 from services.errors import ValidationFailed
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from sqlalchemy import select
 
 from models import Conversion
+from models.paging import DESCENDING
 from services.pagination import Page, paginate
-from services.records import DESCENDING, get_owned, in_creation_order
+from services.record_reads import get_owned, in_creation_order
 
 
 def list_conversions(

@@ -11,11 +11,12 @@ from sqlalchemy import func, select, update
 
 from extensions import db
 from models import WebhookAttempt, WebhookDelivery, WebhookEndpoint, WebhookEvent
+from models.paging import DESCENDING
 from models.webhook_delivery import DELIVERY_STATUSES, FAILED, PENDING
 from services.errors import NotFound
 from services.events import deliver_again
 from services.pagination import Page, paginate
-from services.records import DESCENDING, in_creation_order
+from services.record_reads import in_creation_order
 
 
 @dataclass(frozen=True)

@@ -15,14 +15,20 @@ import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, insert, or_, select, text, update
 
 from extensions import db
 from models import WebhookAttempt, WebhookDelivery, WebhookEndpoint, WebhookEvent
 from models.webhook_delivery import DELIVERED, ERROR_MAX_LENGTH, FAILED, PENDING
+from models.webhook_endpoint import endpoint_is_open_sql
 from services.deliveries import fail_pending_deliveries
+from services.endpoint_health import (
+    count_failure,
+    count_success,
+    disable_if_failing_too_long,
+)
 
 JITTER = 0.10  # retries land within ±10% of the schedule (CONTRACT 6.2)
 
@@ -122,9 +128,9 @@ def claim_due_deliveries(
     token = secrets.token_hex(16)
     leased_until = now + lease
     due = _claimable(now).where(WebhookDelivery.endpoint_id == endpoint_id)
-    # Pick, then take. On PostgreSQL the pick locks its rows (FOR UPDATE SKIP LOCKED), so
-    # workers claim side by side without waiting for each other; SQLite serialises writers, and
-    # the take repeats the conditions so a row leased meanwhile stays out. (One statement with
+    # Pick, then take. The pick locks its rows (FOR UPDATE SKIP LOCKED), so workers claim side
+    # by side without waiting for each other, and the take repeats the conditions so a row
+    # leased meanwhile stays out. (One statement with
     # `id IN (SELECT … LIMIT n FOR UPDATE SKIP LOCKED)` is planned by PostgreSQL as a semi-join
     # that re-runs the subquery per row and ignores the limit: it leased whole backlogs.)
     picked = list(
@@ -227,9 +233,9 @@ def record_attempt(
     # deadlocking with it.
     failures = None
     if not outcome.succeeded:
-        failures = _add_failure(claim.endpoint_id, outcome.requested_at)
+        failures = count_failure(claim.endpoint_id, outcome.requested_at)
     elif claim.counter_may_be_set:
-        _reset_failures(claim.endpoint_id)
+        count_success(claim.endpoint_id)
     kept = db.session.execute(
         update(WebhookDelivery)
         .where(
@@ -263,7 +269,13 @@ def record_attempt(
         )
     )
     claim.counter_may_be_set = failures is not None
-    if failures is not None and _disable_if_due(claim.endpoint_id, failures, policy, now):
+    if failures is not None and disable_if_failing_too_long(
+        claim.endpoint_id,
+        failures,
+        disable_failures=policy.disable_failures,
+        disable_window=policy.disable_window,
+        now=now,
+    ):
         recorded = Recorded(status=FAILED, endpoint_disabled=True, endpoint_open=False)
     elif not _endpoint_open(claim.endpoint_id):
         recorded = Recorded(status=recorded.status, retry_at=recorded.retry_at, endpoint_open=False)
@@ -271,10 +283,10 @@ def record_attempt(
     return recorded
 
 
-# The common case, a success with nothing else to change, as one autocommitted statement: on
-# PostgreSQL a CTE can settle the delivery and log its attempt together. That is one round trip
-# where BEGIN, UPDATE, INSERT and COMMIT are four, and it measured 0.4 ms against 0.95 ms; the
-# endpoint check (WebhookEndpoint.is_active, spelt out) is folded into the UPDATE's condition.
+# The common case, a success with nothing else to change, as one autocommitted statement: a CTE
+# settles the delivery and logs its attempt together. That is one round trip where BEGIN,
+# UPDATE, INSERT and COMMIT are four, and it measured 0.4 ms against 0.95 ms; the endpoint check
+# (WebhookEndpoint.is_active) is folded into the UPDATE's condition.
 _DELIVERED_AT_ONCE = text(
     """
     WITH settled AS (
@@ -284,8 +296,8 @@ _DELIVERED_AT_ONCE = text(
             leased_until = NULL, lease_token = NULL
         WHERE id = :delivery_id AND lease_token = :token AND status = 'pending'
           AND EXISTS (
-              SELECT 1 FROM webhook_endpoints
-              WHERE id = :endpoint_id AND disabled_at IS NULL AND deleted_at IS NULL
+              SELECT 1 FROM webhook_endpoints AS endpoint
+              WHERE endpoint.id = :endpoint_id AND {endpoint_is_open}
           )
         RETURNING id
     )
@@ -297,17 +309,14 @@ _DELIVERED_AT_ONCE = text(
            :response_body, CAST(:request_headers AS json)
     FROM settled
     RETURNING delivery_id
-    """
+    """.replace("{endpoint_is_open}", endpoint_is_open_sql("endpoint"))
 )
 
 
 @contextmanager
-def autocommit_connection() -> Iterator[Connection | None]:
-    """For a batch of attempts: an autocommit connection on PostgreSQL (checked out once, not
-    per attempt: each checkout pings the server), None elsewhere."""
-    if db.engine.dialect.name != "postgresql":
-        yield None
-        return
+def autocommit_connection() -> Iterator[Connection]:
+    """For a batch of attempts: an autocommit connection (checked out once, not per attempt:
+    each checkout pings the server)."""
     with db.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
         yield connection
 
@@ -383,67 +392,3 @@ def _endpoint_open(endpoint_id: str) -> bool:
             select(WebhookEndpoint.is_active).where(WebhookEndpoint.id == endpoint_id)
         )
     )
-
-
-def _reset_failures(endpoint_id: str) -> None:
-    db.session.execute(
-        update(WebhookEndpoint)
-        .where(WebhookEndpoint.id == endpoint_id, WebhookEndpoint.consecutive_failures != 0)
-        .values(consecutive_failures=0, failing_since=None)
-        .execution_options(synchronize_session=False)
-    )
-
-
-def _add_failure(endpoint_id: str, failed_at: datetime):
-    """One more failed attempt in the endpoint's run; the run's length, start and state."""
-    return db.session.execute(
-        update(WebhookEndpoint)
-        .where(WebhookEndpoint.id == endpoint_id)
-        .values(
-            consecutive_failures=WebhookEndpoint.consecutive_failures + 1,
-            failing_since=db.func.coalesce(WebhookEndpoint.failing_since, failed_at),
-        )
-        .returning(
-            WebhookEndpoint.consecutive_failures,
-            WebhookEndpoint.failing_since,
-            WebhookEndpoint.disabled_at,
-            WebhookEndpoint.deleted_at,
-        )
-        .execution_options(synchronize_session=False)
-    ).one()
-
-
-def _disable_if_due(endpoint_id: str, run, policy: RetryPolicy, now: datetime) -> bool:
-    """Disable the endpoint when its run of failures is both long enough and old enough
-    (CONTRACT 6.2), failing its pending deliveries; True when this call disabled it."""
-    failing_since = _aware(run.failing_since)
-    if (
-        run.disabled_at is not None
-        or run.deleted_at is not None
-        or run.consecutive_failures < policy.disable_failures
-        or failing_since > now - policy.disable_window
-    ):
-        return False
-    db.session.execute(
-        update(WebhookEndpoint)
-        .where(WebhookEndpoint.id == endpoint_id, WebhookEndpoint.disabled_at.is_(None))
-        .values(
-            disabled_at=now,
-            disabled_reason=(
-                f"{run.consecutive_failures} consecutive failed attempts since "
-                f"{failing_since:%Y-%m-%d %H:%M} UTC"
-            ),
-            updated_at=now,
-        )
-        .execution_options(synchronize_session=False)
-    )
-    fail_pending_deliveries(
-        endpoint_id,
-        error=f"Endpoint disabled after {run.consecutive_failures} consecutive failed attempts",
-    )
-    return True
-
-
-def _aware(value: datetime) -> datetime:
-    """RETURNING bypasses the column type on some drivers; make sure the value is aware UTC."""
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value

@@ -14,9 +14,9 @@ import socket
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from models.webhook_endpoint import URL_MAX_LENGTH
 from services.errors import ValidationFailed
 
-URL_MAX_LENGTH = 2048
 # development and test only: a developer's own receiver (CONTRACT 6.3), the sole exception.
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1"})
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")

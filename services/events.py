@@ -14,15 +14,16 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Connection, bindparam, insert, select, text
+from sqlalchemy import ARRAY, String, bindparam, insert, text
 
 from extensions import db
-from models import WebhookDelivery, WebhookEndpoint, WebhookEvent
+from models import WebhookDelivery, WebhookEvent
 from models.columns import new_id, utcnow
+from models.event_catalog import EVENT_NAMES, is_event_name
 from models.webhook_delivery import PENDING
+from models.webhook_endpoint import endpoint_is_open_sql
 from schemas.base import iso_timestamp
 from services.errors import ValidationFailed
-from services.event_catalog import EVENT_NAMES, is_event_name
 
 API_VERSION = "1"
 # session.info key under which endpoints to wake after commit are collected.
@@ -66,13 +67,16 @@ def publish_event(
     # The caller's pending changes first (a brand created in this transaction, say): the
     # event's rows go in through Core, which does not flush the session.
     db.session.flush()
-    connection = db.session.connection()
-    if connection.dialect.name == "postgresql" and only_endpoint_ids is None:
-        # One round trip for the event and its fan-out (every event, a postback's among them,
-        # runs this). The deliveries' ids share one new id and end in two digits, one per
-        # endpoint: unique, and sorted together in the delivery log.
-        delivered = connection.execute(
-            _PUBLISH_ON_POSTGRESQL,
+    # One round trip for the event and its fan-out (every event, a postback's among them, runs
+    # this). The deliveries' ids share one new id and end in two digits, one per endpoint:
+    # unique, and sorted together in the delivery log.
+    statement, parameters = _PUBLISH, {}
+    if only_endpoint_ids is not None:
+        statement, parameters = _PUBLISH_TO_NAMED, {"only_endpoint_ids": list(only_endpoint_ids)}
+    delivered = (
+        db.session.connection()
+        .execute(
+            statement,
             {
                 "event_id": event_id,
                 "brand_id": brand_id,
@@ -80,18 +84,13 @@ def publish_event(
                 "body": body,
                 "created_at": now,
                 "delivery_id_base": new_id("whd"),
+                **parameters,
             },
-        ).all()
-        _wake_after_commit(row.endpoint_id for row in delivered)
-        return PublishedEvent(event=event, delivery_ids=[row.id for row in delivered])
-    connection.execute(
-        _INSERT_EVENT,
-        {"id": event_id, "brand_id": brand_id, "name": name, "body": body, "created_at": now},
+        )
+        .all()
     )
-    endpoints = connection.execute(_OPEN_ENDPOINTS, {"brand_id": brand_id})
-    endpoint_ids = _receiving(endpoints, name, only_endpoint_ids)
-    delivery_ids = _add_deliveries(connection, brand_id, event_id, name, endpoint_ids, now)
-    return PublishedEvent(event=event, delivery_ids=delivery_ids)
+    _wake_after_commit(row.endpoint_id for row in delivered)
+    return PublishedEvent(event=event, delivery_ids=[row.id for row in delivered])
 
 
 def event_body_around(
@@ -116,7 +115,7 @@ def event_body_around(
 
 def wake_after_commit(endpoint_ids: Iterable[str]) -> None:
     """Note the endpoints whose drain `workers.dispatch` queues once the transaction commits
-    (for a statement that wrote deliveries itself, with `PUBLISH_CTES_POSTGRESQL`)."""
+    (for a statement that wrote deliveries itself, with `PUBLISH_CTES`)."""
     _wake_after_commit(endpoint_ids)
 
 
@@ -124,40 +123,24 @@ def deliver_again(
     *, brand_id: str, event_id: str, event_name: str, endpoint_id: str, now: datetime | None
 ) -> str:
     """One more delivery of a stored event, same body, to one endpoint (redeliver); its id."""
-    return _add_deliveries(
-        db.session.connection(), brand_id, event_id, event_name, [endpoint_id], now or utcnow()
-    )[0]
-
-
-def _add_deliveries(
-    connection: Connection,
-    brand_id: str,
-    event_id: str,
-    name: str,
-    endpoint_ids: list[str],
-    now: datetime,
-) -> list[str]:
-    delivery_ids = [new_id("whd") for _ in endpoint_ids]
-    if endpoint_ids:
-        connection.execute(
-            _INSERT_DELIVERY,
-            [
-                {
-                    "id": delivery_id,
-                    "brand_id": brand_id,
-                    "endpoint_id": endpoint_id,
-                    "event_id": event_id,
-                    "event_name": name,
-                    "status": PENDING,
-                    "attempt_count": 0,
-                    "next_attempt_at": now,
-                    "created_at": now,
-                }
-                for delivery_id, endpoint_id in zip(delivery_ids, endpoint_ids, strict=True)
-            ],
-        )
-    _wake_after_commit(endpoint_ids)
-    return delivery_ids
+    now = now or utcnow()
+    delivery_id = new_id("whd")
+    db.session.execute(
+        _INSERT_DELIVERY,
+        {
+            "id": delivery_id,
+            "brand_id": brand_id,
+            "endpoint_id": endpoint_id,
+            "event_id": event_id,
+            "event_name": event_name,
+            "status": PENDING,
+            "attempt_count": 0,
+            "next_attempt_at": now,
+            "created_at": now,
+        },
+    )
+    _wake_after_commit([endpoint_id])
+    return delivery_id
 
 
 def _wake_after_commit(endpoint_ids: Iterable[str]) -> None:
@@ -179,31 +162,21 @@ def _dumps(value: dict) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
-def _receiving(endpoints, name: str, only_endpoint_ids: Collection[str] | None) -> list[str]:
-    """Of the brand's open endpoints, those that receive the event: the subscribed ones, or
-    exactly `only_endpoint_ids` (the test ping)."""
-    if only_endpoint_ids is not None:
-        return [row.id for row in endpoints if row.id in only_endpoint_ids]
-    return [row.id for row in endpoints if name in row.events]
-
-
-# Every event runs these (a postback among them): built once and run as Core, so that
-# publishing costs its round trips and little Python besides.
-_INSERT_EVENT = insert(WebhookEvent.__table__)
 _INSERT_DELIVERY = insert(WebhookDelivery.__table__)
-_endpoints = WebhookEndpoint.__table__.c
-# WebhookEndpoint.is_active, on the table's columns.
-_IS_OPEN = (_endpoints.disabled_at.is_(None), _endpoints.deleted_at.is_(None))
-_OPEN_ENDPOINTS = select(_endpoints.id, _endpoints.events).where(
-    _endpoints.brand_id == bindparam("brand_id"), *_IS_OPEN
-)
-# The event, and a pending delivery to each open endpoint subscribed to it (at most
+# Who receives an event, decided here only: the brand's open endpoints subscribed to it; for the
+# test ping (`only_endpoint_ids`), the brand's open endpoints among those named, whatever
+# their subscriptions.
+_SUBSCRIBED = endpoint_is_open_sql("endpoint") + " AND endpoint.events ? event.name"
+_NAMED = endpoint_is_open_sql("endpoint") + " AND endpoint.id = ANY(:only_endpoint_ids)"
+
+
+# The event, and a pending delivery to each endpoint that `{receives}` it (at most
 # MAX_ENDPOINTS_PER_BRAND, so two digits number them), as two CTEs of one statement: `event`
 # inserts the event from the rows of `{source}` (one row, or none to publish nothing) with the
 # body `{body}`, an SQL expression; `deliveries` returns each delivery's (id, endpoint_id). The
 # statement binds :event_id, :brand_id, :event_name, :created_at, :delivery_id_base and
 # :pending (PENDING).
-PUBLISH_CTES_POSTGRESQL = """
+_PUBLISH_CTES_TEMPLATE = """
     event AS (
         INSERT INTO webhook_events (id, brand_id, name, body, created_at)
         SELECT :event_id, :brand_id, :event_name, {body}, :created_at FROM {source}
@@ -219,15 +192,31 @@ PUBLISH_CTES_POSTGRESQL = """
                event.brand_id, endpoint.id, event.id, event.name, :pending, 0,
                event.created_at, event.created_at
         FROM event JOIN webhook_endpoints AS endpoint ON endpoint.brand_id = event.brand_id
-        WHERE endpoint.disabled_at IS NULL AND endpoint.deleted_at IS NULL
-          AND CAST(endpoint.events AS JSONB) ? event.name
+        WHERE {receives}
         RETURNING id, endpoint_id
     )"""
-_PUBLISH_ON_POSTGRESQL = text(
-    "WITH"  # noqa: S608 - constant SQL, put together at import
-    + PUBLISH_CTES_POSTGRESQL.format(body=":body", source="(SELECT 1) AS one")
-    + "\n    SELECT id, endpoint_id FROM deliveries"
-).bindparams(
-    bindparam("created_at", type_=WebhookEvent.__table__.c.created_at.type),
-    pending=PENDING,
+
+
+def _publish_ctes(receives: str) -> str:
+    return _PUBLISH_CTES_TEMPLATE.replace("{receives}", receives)
+
+
+# For statements that publish an event themselves (a postback's): `.format(source=, body=)`.
+PUBLISH_CTES = _publish_ctes(_SUBSCRIBED)
+
+
+def _publish_statement(ctes: str):
+    return text(
+        "WITH"  # noqa: S608 - constant SQL, put together at import
+        + ctes.format(body=":body", source="(SELECT 1) AS one")
+        + "\n    SELECT id, endpoint_id FROM deliveries"
+    ).bindparams(
+        bindparam("created_at", type_=WebhookEvent.__table__.c.created_at.type),
+        pending=PENDING,
+    )
+
+
+_PUBLISH = _publish_statement(PUBLISH_CTES)
+_PUBLISH_TO_NAMED = _publish_statement(_publish_ctes(_NAMED)).bindparams(
+    bindparam("only_endpoint_ids", type_=ARRAY(String))
 )

@@ -19,11 +19,7 @@ from sqlalchemy import Select, func, literal, select
 
 from extensions import db
 
-DEFAULT_LIMIT = 20
-MAX_LIMIT = 100
 COUNT_LIMIT = 10_000
-# Far past any real list, and small enough that page times limit is an offset every database takes.
-MAX_PAGE = 1_000_000
 
 
 @dataclass(frozen=True)

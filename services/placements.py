@@ -14,7 +14,7 @@ from extensions import db
 from models import Campaign, Placement
 from services.errors import NotFound
 from services.pagination import Page, paginate
-from services.records import newest_first
+from services.record_reads import newest_first
 
 MERGE_CAMPAIGNS_MAX = 50
 
@@ -61,11 +61,8 @@ def _newest_across_campaigns(brand_id: str) -> Callable[[int, int], Select] | No
     more than the page, whatever the brand's share; only the page's ids are then joined to their
     rows. Each branch costs planning and reading (200 campaigns took 43 ms where the walk took
     8), so past MERGE_CAMPAIGNS_MAX campaigns, a brand big enough for the walk anyway, the join
-    is used. SQLite cannot order the branches of a UNION, and its databases are small: it
-    always walks.
+    is used.
     """
-    if db.session.get_bind().dialect.name != "postgresql":
-        return None
     campaign_ids = list(
         db.session.scalars(
             select(Campaign.id).where(Campaign.brand_id == brand_id).limit(MERGE_CAMPAIGNS_MAX + 1)

@@ -15,9 +15,6 @@ link's counters raised and `conversion.recorded` published in ONE database trans
   the key can be taken over. Nothing of a dead request is ever half-written.
 - A key whose conversion is committed is a replay forever: the first conversion is returned,
   whatever the new body, and nothing is counted or published again.
-
-On SQLite (a developer's laptop) writes are serialized by the database, so a second request
-with the key waits for the first to commit and then replays it.
 """
 
 from __future__ import annotations
@@ -27,8 +24,7 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime
 
 from psycopg.types.json import Json
-from sqlalchemy import BigInteger, String, Text, and_, bindparam, literal, select, text, true
-from sqlalchemy.dialects import sqlite
+from sqlalchemy import BigInteger, String, Text, bindparam, select, text
 
 from extensions import db
 from models import Conversion, TrackedLink
@@ -38,12 +34,7 @@ from models.tracked_link import CONVERSION_COUNT_SLOTS
 from models.webhook_delivery import PENDING
 from schemas.conversions import ConversionSchema
 from services.errors import Conflict
-from services.events import (
-    PUBLISH_CTES_POSTGRESQL,
-    event_body_around,
-    publish_event,
-    wake_after_commit,
-)
+from services.events import PUBLISH_CTES, event_body_around, wake_after_commit
 from services.failpoints import failpoint
 from services.psycopg_direct import fetch_first_on_psycopg, psycopg_sql
 
@@ -143,38 +134,13 @@ def record_postback(
     db.session.flush()
     connection = db.session.connection()
     parameters = {f"new_{name}": getattr(conversion, attribute) for name, attribute in _INSERTED}
-    if connection.dialect.name == "postgresql":
-        return _record_on_postgresql(connection, conversion, parameters, in_flight_window)
-
-    taken = connection.execute(_TAKE_KEY_AND_INSERT_SQLITE, parameters).first()
-    if taken is None:
-        return PostbackOutcome(conversion=_stored(brand_id, idempotency_key), replay=True)
-    conversion.link_id, conversion.campaign_id, conversion.deal_id = taken
-    publish_event(
-        brand_id=brand_id,
-        name=CONVERSION_RECORDED,
-        data=_conversion_schema.dump(conversion),
-        now=now,
-    )
-    if conversion.link_id is not None:
-        connection.execute(
-            _COUNT_ON_LINK_SQLITE,
-            {
-                "link_id": conversion.link_id,
-                "new_currency": postback.currency,
-                "new_value_minor": postback.value_minor,
-            },
-        )
-    # The last moment before the caller commits: the key, the conversion, the event and the
-    # counters are all written and none is visible yet. Tests crash or hang a server here.
-    failpoint("postback.before_commit")
-    return PostbackOutcome(conversion=conversion, replay=False)
+    return _record_in_one_statement(connection, conversion, parameters, in_flight_window)
 
 
-def _record_on_postgresql(
+def _record_in_one_statement(
     connection, conversion: RecordedConversion, parameters: dict, in_flight_window: int
 ) -> PostbackOutcome:
-    """Everything in ONE statement (`_RECORD_ON_POSTGRESQL`): take the key, store the
+    """Everything in ONE statement (`_RECORD`): take the key, store the
     conversion on its link, raise the link's counters, publish `conversion.recorded` with its
     deliveries. The event's body is written by the statement around the link, campaign and
     deal it finds (`event_body_around`), byte for byte what `publish_event` would write."""
@@ -201,7 +167,7 @@ def _record_on_postgresql(
         "pending": PENDING,
     }
     parameters["new_metadata"] = Json(parameters["new_metadata"])
-    recorded = fetch_first_on_psycopg(connection, _RECORD_ON_POSTGRESQL, parameters)
+    recorded = fetch_first_on_psycopg(connection, _RECORD, parameters)
     if recorded is None:
         # The key was in flight elsewhere, or its conversion exists: nothing was written.
         return PostbackOutcome(
@@ -252,46 +218,11 @@ _INSERTED = (
 )
 
 
-def _take_key_and_insert(claim, taken, insert):
-    """One statement: take the key, look up the link, insert the conversion (one round trip).
-
-    It returns a row (link_id, campaign_id, deal_id) when this request took the key and
-    inserted; no row when the key was in flight elsewhere or its conversion already exists.
-    """
-    source = select(
-        # Named apart from the columns, which Core reserves for an INSERT's own VALUES.
-        *(bindparam(f"new_{name}", type_=_conversions[name].type) for name, _ in _INSERTED),
-        _links.id,
-        _links.campaign_id,
-        _links.deal_id,
-    ).select_from(
-        # The link must be the calling brand's (rule 1); an unknown code, or another brand's,
-        # joins nothing and the conversion is stored on no link (rule 3).
-        claim.outerjoin(
-            TrackedLink.__table__,
-            and_(
-                _links.brand_id == bindparam("new_brand_id"),
-                _links.code == bindparam("new_link_code"),
-            ),
-        )
-    )
-    # SQLite also needs this WHERE to tell an upsert's ON from a join's.
-    source = source.where(taken)
-    return (
-        insert(Conversion.__table__)
-        .from_select(
-            [*(name for name, _ in _INSERTED), "link_id", "campaign_id", "deal_id"], source
-        )
-        .on_conflict_do_nothing(index_elements=["brand_id", "idempotency_key"])
-        .returning(_conversions.link_id, _conversions.campaign_id, _conversions.deal_id)
-    )
-
-
 # The keys of the event's data that the statement fills in, in the order of ConversionSchema.
 _FOUND_BY_THE_STATEMENT = ("linkId", "campaignId", "dealId")
 # Raise a link's counters in one of its slots (models.tracked_link). A conversion in another
 # currency than the link's is counted, but its value is not added: there is no rate to convert
-# it at. (SQLite needs the WHERE to tell the upsert's ON CONFLICT from a join's ON.)
+# it at. (The WHERE tells the upsert's ON CONFLICT from a join's ON.)
 _COUNT_IN_SLOT = """
         INSERT INTO tracked_link_conversion_counts
             (link_id, slot, conversions, conversion_value_minor)
@@ -302,7 +233,7 @@ _COUNT_IN_SLOT = """
         SET conversions = tracked_link_conversion_counts.conversions + 1,
             conversion_value_minor = tracked_link_conversion_counts.conversion_value_minor
                 + excluded.conversion_value_minor"""
-# On PostgreSQL, a new postback is one statement and its commit:
+# A new postback is one statement and its commit:
 # - `claim` takes the key's advisory lock without waiting, and bounds this transaction by the
 #   in-flight window (a hung request is ended by the database when the window has passed);
 # - `link` is the calling brand's link of that code (rule 1); an unknown code, or another
@@ -351,9 +282,9 @@ _TAKE_KEY_AND_COUNT = (
         RETURNING link_id
     ),"""
 )
-_RECORD_ON_POSTGRESQL_STATEMENT = text(
+_RECORD_STATEMENT = text(
     _TAKE_KEY_AND_COUNT  # noqa: S608 - constant SQL, put together at import
-    + PUBLISH_CTES_POSTGRESQL.format(
+    + PUBLISH_CTES.format(
         source="conversion",
         body=":body_head"
         """ || '"linkId":' || coalesce(to_json(conversion.link_id)::text, 'null')"""
@@ -375,15 +306,7 @@ _RECORD_ON_POSTGRESQL_STATEMENT = text(
     bindparam("pending", type_=String()),
 )
 # Every new postback runs it: through psycopg itself (services.psycopg_direct).
-_RECORD_ON_POSTGRESQL = psycopg_sql(_RECORD_ON_POSTGRESQL_STATEMENT)
-# SQLite serializes writers: there is nothing to claim, only a row to join the link to.
-_TAKE_KEY_AND_INSERT_SQLITE = _take_key_and_insert(
-    select(literal(1).label("one")).subquery("one_row"), true(), sqlite.insert
-)
-# SQLite has one writer at a time: one slot is all it needs.
-_COUNT_ON_LINK_SQLITE = text(
-    _COUNT_IN_SLOT.format(slot="0", links="tracked_links AS link", where="link.id = :link_id")
-).bindparams(bindparam("new_value_minor", type_=BigInteger))
+_RECORD = psycopg_sql(_RECORD_STATEMENT)
 
 
 def _lock_id(brand_id: str, idempotency_key: str) -> int:

@@ -1,7 +1,6 @@
 """The two statements of every postback, its API key's lookup and the postback itself, go to
-psycopg directly on PostgreSQL: on the session's own connection, inside its transaction, which
-the caller commits as always. Every other statement, and these two on SQLite, go through
-SQLAlchemy.
+psycopg directly: on the session's own connection, inside its transaction, which the caller
+commits as always. Every other statement goes through SQLAlchemy.
 
 Why: SQLAlchemy's work around each execution (an execution context, a result whose metadata is
 read from `cursor.description` every time for a textual statement, row processing) was 13% of a

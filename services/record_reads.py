@@ -7,11 +7,10 @@ from typing import TypeVar
 from sqlalchemy import Select, select
 
 from extensions import db
+from models.paging import ASCENDING
 from services.errors import NotFound
 
 Record = TypeVar("Record")
-ASCENDING = "asc"
-DESCENDING = "desc"
 
 
 def newest_first(statement: Select, model) -> Select:

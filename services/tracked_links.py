@@ -6,7 +6,7 @@ from sqlalchemy import select
 
 from models import TrackedLink
 from services.pagination import Page, paginate
-from services.records import get_owned, newest_first
+from services.record_reads import get_owned, newest_first
 
 
 def list_links(

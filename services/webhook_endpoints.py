@@ -10,19 +10,19 @@ from flask import current_app
 from sqlalchemy import func, select
 
 from extensions import db
-from models import WebhookEndpoint
+from models import WebhookEndpoint, credentials
 from models.columns import utcnow
-from services import credentials
-from services.brands import get_brand
-from services.deliveries import fail_pending_deliveries
-from services.endpoint_urls import UrlPolicy, validate_endpoint_url
-from services.errors import NotFound, ValidationFailed
-from services.event_catalog import (
+from models.event_catalog import (
     DEFAULT_SUBSCRIPTION,
     EVENT_NAMES,
     TEST_EVENT,
     supported_events,
 )
+from services.brands import get_brand
+from services.deliveries import fail_pending_deliveries
+from services.endpoint_health import disable_endpoint, enable_endpoint
+from services.endpoint_urls import UrlPolicy, validate_endpoint_url
+from services.errors import NotFound, ValidationFailed
 from services.events import publish_event
 from services.secret_box import secret_box
 
@@ -174,23 +174,15 @@ def update_endpoint(
         endpoint.url = new_url
     if new_events is not None:
         endpoint.events = new_events
-    if is_active is True and endpoint.disabled_at is not None:
-        endpoint.disabled_at = None
-        endpoint.disabled_reason = None
-        endpoint.consecutive_failures = 0
-        endpoint.failing_since = None
-    elif is_active is False and endpoint.disabled_at is None:
-        disable_endpoint(endpoint, reason=MANUALLY_DISABLED, now=now)
     endpoint.updated_at = now
     db.session.flush()
+    if is_active is True:
+        enable_endpoint(endpoint.id, now=now)
+    elif is_active is False:
+        disable_endpoint(endpoint.id, reason=MANUALLY_DISABLED, now=now)
+    if is_active is not _UNSET:
+        db.session.refresh(endpoint)  # endpoint_health changed the row beneath the session
     return endpoint
-
-
-def disable_endpoint(endpoint: WebhookEndpoint, *, reason: str, now: datetime) -> None:
-    endpoint.disabled_at = now
-    endpoint.disabled_reason = reason
-    db.session.flush()
-    fail_pending_deliveries(endpoint.id, error=f"Endpoint disabled: {reason}")
 
 
 def rotate_signing_secret(

@@ -1,5 +1,5 @@
 """Platform records for read tests, built the way real data arrives: through the platform
-changes of `services.platform`, each one committed in its own app context. Every builder
+changes of `services.platform_changes`, each one committed in its own app context. Every builder
 returns the id of what it made; `at` stamps the change's time (records sort by it)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from extensions import db
 from models import EscrowHold
 from models.campaign import FIXED_FEE
 from services.brands import create_brand
-from services.platform import campaigns, deals, escrow, placements, tracked_links
+from services.platform_changes import campaigns, deals, escrow, placements, tracked_links
 
 
 class PlatformFactory:

@@ -8,9 +8,8 @@ import pytest
 from sqlalchemy import select
 
 from extensions import db
-from models import ApiKey
+from models import ApiKey, credentials
 from models.columns import utcnow
-from services import credentials
 from services.api_keys import LAST_USED_RESOLUTION, find_key_by_secret, record_key_use
 from tests.helpers import assert_error, assert_success
 

@@ -18,12 +18,12 @@ import requests
 from sqlalchemy import func, select
 
 from extensions import db
+from fixtures.demo import seed_demo_workspace
+from fixtures.demo_simulation import simulate_step
 from models import WebhookDelivery
+from models.event_catalog import EVENT_NAMES, TEST_EVENT
 from services.api_keys import create_api_key
-from services.demo import seed_demo_workspace
-from services.demo_simulation import simulate_step
 from services.endpoint_urls import UrlPolicy
-from services.event_catalog import EVENT_NAMES, TEST_EVENT
 from services.webhook_endpoints import register_endpoint
 from tests.browser import (
     LAPTOP,

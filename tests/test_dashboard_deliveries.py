@@ -225,7 +225,7 @@ def test_every_filter_sort_and_page(app, client, brand, read_key):
 def test_the_filter_form_offers_every_event_and_endpoint_and_works_without_js(
     app, client, brand, read_key
 ):
-    from services.event_catalog import EVENT_NAMES
+    from models.event_catalog import EVENT_NAMES
 
     endpoint_id = _endpoint(app, brand)
     disabled_id = _endpoint(app, brand, "http://127.0.0.1:9/disabled")

@@ -11,8 +11,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from extensions import db
+from models.event_catalog import DEFAULT_SUBSCRIPTION, EVENT_NAMES, TEST_EVENT, sample_data
 from schemas.tracked_links import TrackedLinkSchema
-from services.event_catalog import DEFAULT_SUBSCRIPTION, EVENT_NAMES, TEST_EVENT, sample_data
 from services.postbacks import Postback, record_postback
 from services.tracked_links import get_link
 from services.webhook_endpoints import current_url_policy, register_endpoint

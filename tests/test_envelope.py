@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from app import create_app
-from services import credentials
+from models import credentials
 from tests.helpers import assert_error, assert_success
 
 

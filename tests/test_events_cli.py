@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 
 from extensions import db
 from models import WebhookDelivery, WebhookEvent
-from services.event_catalog import sample_data
+from models.event_catalog import sample_data
 from tests.helpers import assert_success
 
 ROOT = Path(__file__).resolve().parent.parent

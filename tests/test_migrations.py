@@ -1,5 +1,4 @@
-"""Migrations build the schema the models describe, on this run's database kind (PostgreSQL in
-CI, SQLite on a laptop), and come back down cleanly."""
+"""Migrations build the schema the models describe on PostgreSQL, and come back down cleanly."""
 
 from __future__ import annotations
 
@@ -20,9 +19,7 @@ def test_upgrade_matches_the_models_and_downgrade_empties(app_environ, backends)
         with scratch.app_context():
             upgrade()
             with db.engine.connect() as connection:
-                context = MigrationContext.configure(
-                    connection, opts={"compare_type": True, "render_as_batch": True}
-                )
+                context = MigrationContext.configure(connection, opts={"compare_type": True})
                 assert compare_metadata(context, db.metadata) == []
             tables = set(inspect(db.engine).get_table_names())
             assert {"brands", "api_keys", "bootstrap_tokens"} <= tables
@@ -88,7 +85,7 @@ def test_link_counters_move_into_slots_and_back(app_environ, backends):
                     ).scalar_one()
 
             upgrade(revision="0005")
-            # Rebuilding tracked_links (SQLite's batch mode) must not touch what refers to it.
+            # Changing tracked_links must not touch what refers to it.
             assert conversion_link() == "lnk_busy"
             with db.engine.begin() as connection:
                 slots = connection.execute(
@@ -117,4 +114,48 @@ def test_link_counters_move_into_slots_and_back(app_environ, backends):
             assert [tuple(row) for row in rows] == [("lnk_busy", 9, 9250), ("lnk_idle", 0, 0)]
             assert conversion_link() == "lnk_busy"
             assert "tracked_link_conversion_counts" not in inspect(db.engine).get_table_names()
+            db.engine.dispose()
+
+
+def test_subscriptions_become_jsonb_and_back_in_order(app_environ, backends):
+    """0006 keeps each endpoint's events, in the order they were given, both ways."""
+    at = "2026-11-01 00:00:00+00:00"
+    events = '["escrow.released", "deal.completed", "conversion.recorded"]'
+    with scratch_database(backends) as url:
+        scratch = create_app({**app_environ, "DATABASE_URL": url})
+        with scratch.app_context():
+            upgrade(revision="0005")
+            with db.engine.begin() as connection:
+                connection.execute(
+                    text(
+                        "INSERT INTO brands VALUES ('brd_m', 'Mig', 'growth', 'verified', :at,"
+                        " :at, :at)"
+                    ),
+                    {"at": at},
+                )
+                connection.execute(
+                    text(
+                        "INSERT INTO webhook_endpoints (id, brand_id, url, events,"
+                        " secret_ciphertext, consecutive_failures, created_at, updated_at)"
+                        " VALUES ('whe_m', 'brd_m', 'https://example.com/h', CAST(:events AS"
+                        " json), 'x', 0, :at, :at)"
+                    ),
+                    {"at": at, "events": events},
+                )
+
+            def stored() -> tuple[str, list[str]]:
+                with db.engine.connect() as connection:
+                    row = connection.execute(
+                        text(
+                            "SELECT pg_typeof(events)::text, events FROM webhook_endpoints"
+                            " WHERE id = 'whe_m'"
+                        )
+                    ).one()
+                return row[0], list(row[1])
+
+            expected = ["escrow.released", "deal.completed", "conversion.recorded"]
+            upgrade(revision="0006")
+            assert stored() == ("jsonb", expected)
+            downgrade(revision="0005")
+            assert stored() == ("json", expected)
             db.engine.dispose()

@@ -1,5 +1,5 @@
-"""The platform's changes (`services.platform`), as a brand observes them: the records the read
-API shows, and the SPEC section 6 events published with them (CONTRACT 6.1-6.2).
+"""The platform's changes (`services.platform_changes`), as a brand observes them: the records
+the read API shows, and the SPEC section 6 events published with them (CONTRACT 6.1-6.2).
 
 Every change runs in its own transaction, committed the way a platform sync would, and is then
 checked from outside: the `WebhookEvent` rows of the brand (the bodies every delivery sends), the
@@ -20,13 +20,13 @@ from sqlalchemy import func, select, text
 from extensions import db
 from models import Brand, Campaign, Deal, EscrowHold, Placement, WebhookEvent
 from models.columns import utcnow
+from models.event_catalog import EVENT_NAMES, sample_data
 from schemas.campaigns import CampaignSchema
 from schemas.deals import DealSchema
 from schemas.escrow_holds import EscrowHoldSchema
 from schemas.placements import PlacementSchema
 from services.errors import Conflict, NotFound, ValidationFailed
-from services.event_catalog import EVENT_NAMES, sample_data
-from services.platform.campaigns import (
+from services.platform_changes.campaigns import (
     cancel_campaign,
     complete_campaign,
     create_campaign,
@@ -34,7 +34,7 @@ from services.platform.campaigns import (
     publish_campaign,
     resume_campaign,
 )
-from services.platform.deals import (
+from services.platform_changes.deals import (
     accept_deal,
     cancel_deal,
     complete_deal,
@@ -44,13 +44,13 @@ from services.platform.deals import (
     offer_deal,
     resolve_dispute,
 )
-from services.platform.escrow import hold_escrow, refund_escrow, release_escrow
-from services.platform.placements import (
+from services.platform_changes.escrow import hold_escrow, refund_escrow, release_escrow
+from services.platform_changes.placements import (
     submit_placement,
     update_placement_metrics,
     verify_placement,
 )
-from services.platform.workspace import complete_kyb_verification
+from services.platform_changes.workspace import complete_kyb_verification
 from tests.helpers import assert_success
 from tests.receiver import Receiver
 
@@ -85,7 +85,7 @@ class Change:
 
 
 class Platform:
-    """The platform of one brand: makes records through `services.platform` and commits."""
+    """The platform of one brand: makes records through `services.platform_changes` and commits."""
 
     def __init__(self, app, brand_id: str) -> None:
         self.app = app
@@ -1266,7 +1266,7 @@ def test_demo_simulate_events_reach_a_subscribed_endpoint_signed(
 
 
 def test_link_creation_and_clicks_are_counted_silently(platform, reader):
-    from services.platform.tracked_links import create_tracked_link, record_link_clicks
+    from services.platform_changes.tracked_links import create_tracked_link, record_link_clicks
 
     campaign_id = platform.campaign(currency="USD")
     deal_id = platform.accepted(campaign_id)

@@ -12,9 +12,9 @@ from sqlalchemy import func, select
 
 from extensions import db
 from models import Conversion, TrackedLinkConversionCount, WebhookDelivery, WebhookEvent
+from models.event_catalog import sample_data
 from models.tracked_link import CONVERSION_COUNT_SLOTS
 from schemas.conversions import ConversionSchema
-from services.event_catalog import sample_data
 from tests.helpers import assert_error, assert_success
 from tests.platform_factory import PlatformFactory
 
@@ -845,8 +845,8 @@ def test_the_openapi_document_describes_the_postback_contract(client):
 
 
 def test_the_demo_workspace_has_postbacks_that_agree_with_its_links(app, client, make_key):
-    from services.demo import seed_demo_workspace
-    from services.demo_simulation import simulate_step
+    from fixtures.demo import seed_demo_workspace
+    from fixtures.demo_simulation import simulate_step
 
     with app.app_context():
         brand_id = seed_demo_workspace().brand.id

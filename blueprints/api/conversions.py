@@ -7,6 +7,7 @@ from flask import current_app
 from blueprints.api import api
 from blueprints.api.auth import authenticate
 from blueprints.api.operations import operation
+from models.api_key import READ
 from schemas.conversions import (
     ConversionListSchema,
     ConversionQuerySchema,
@@ -15,7 +16,6 @@ from schemas.conversions import (
     PostbackResultSchema,
     PostbackSchema,
 )
-from services.api_keys import READ
 from services.conversions import get_conversion, list_conversions
 from services.postbacks import Postback, PostbackOutcome, record_postback
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from blueprints.api import api
 from blueprints.api.auth import authenticate, current_caller
 from blueprints.api.operations import operation
+from models.api_key import READ, WRITE
 from schemas.api_keys import ApiKeySchema, IssuedApiKeySchema, KeyCreateSchema, RevokedKeySchema
-from services.api_keys import READ, WRITE, create_api_key, list_active_keys, revoke_api_key
+from services.api_keys import create_api_key, list_active_keys, revoke_api_key
 
 TAG = "API keys"
 SECRET_ONCE = "API key created; store the secret now, it is not shown again"  # noqa: S105 - a message

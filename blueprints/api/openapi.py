@@ -11,9 +11,9 @@ from apispec.ext.marshmallow import MarshmallowPlugin
 from flask import Flask, current_app, jsonify
 
 from blueprints.api import API_PREFIX, api
+from models.api_key import WRITE
 from schemas.base import camelcase
 from schemas.envelope import ErrorEnvelopeSchema, envelope_for
-from services.api_keys import WRITE
 
 OPENAPI_PATH = "/openapi.json"
 _PATH_PARAMETER = re.compile(r"<(?:[a-z_]+:)?([a-z_]+)>")

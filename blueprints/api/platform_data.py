@@ -1,19 +1,19 @@
 """Read-only views of the brand's platform records and workspace (SPEC sections 1-2,
 CONTRACT section 4). Nothing here writes: the platform's changes arrive through
-`services.platform`, and announce themselves as webhook events."""
+`services.platform_changes`, and announce themselves as webhook events."""
 
 from __future__ import annotations
 
 from blueprints.api import api
 from blueprints.api.auth import authenticate, current_caller
 from blueprints.api.operations import operation
+from models.api_key import READ
 from schemas.campaigns import CampaignListSchema, CampaignQuerySchema, CampaignSchema
 from schemas.deals import DealListSchema, DealQuerySchema, DealSchema
 from schemas.escrow_holds import EscrowHoldListSchema, EscrowHoldQuerySchema, EscrowHoldSchema
 from schemas.placements import PlacementListSchema, PlacementQuerySchema, PlacementSchema
 from schemas.tracked_links import TrackedLinkListSchema, TrackedLinkQuerySchema, TrackedLinkSchema
 from schemas.workspace import WorkspaceSchema
-from services.api_keys import READ
 from services.campaigns import get_campaign, list_campaigns
 from services.deals import get_deal, list_deals
 from services.escrow_holds import get_hold, list_holds

@@ -3,8 +3,8 @@ CONTRACT 6.1, the body schema, and one example body per event name from the cata
 
 from __future__ import annotations
 
+from models.event_catalog import EVENT_TYPES, sample_data
 from schemas.webhooks import WebhookEventBodySchema
-from services.event_catalog import EVENT_TYPES, sample_data
 from services.events import API_VERSION
 from services.signing import DELIVERY_HEADER, EVENT_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER
 

@@ -6,6 +6,7 @@ from blueprints.api import api
 from blueprints.api.auth import authenticate
 from blueprints.api.operations import operation
 from blueprints.api.webhook_callbacks import delivery_callback
+from models.api_key import READ, WRITE
 from schemas.webhooks import (
     DeletedEndpointSchema,
     DeliveryDetailSchema,
@@ -19,7 +20,6 @@ from schemas.webhooks import (
     QueuedDeliverySchema,
     RotatedSecretSchema,
 )
-from services.api_keys import READ, WRITE
 from services.deliveries import get_delivery_detail, list_deliveries, redeliver
 from services.webhook_endpoints import (
     current_url_policy,

@@ -21,6 +21,7 @@ from blueprints.dashboard import dashboard
 from blueprints.dashboard.rendering import chosen_filters, render, render_list
 from blueprints.dashboard.session import current_caller, is_htmx, signed_in
 from extensions import db
+from models.event_catalog import EVENT_NAMES
 from models.webhook_delivery import DELIVERY_STATUSES, RESPONSE_BODY_MAX_BYTES
 from schemas.envelope import PageMetaSchema
 from schemas.webhooks import (
@@ -35,7 +36,6 @@ from services.deliveries import (
     list_deliveries,
     redeliver,
 )
-from services.event_catalog import EVENT_NAMES
 from services.signing import DELIVERY_HEADER, EVENT_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER
 from services.webhook_endpoints import list_endpoints
 

@@ -19,6 +19,7 @@ from blueprints.dashboard.rendering import load_form, render
 from blueprints.dashboard.session import current_caller, is_htmx, signed_in
 from extensions import db
 from models.columns import utcnow
+from models.event_catalog import DEFAULT_SUBSCRIPTION, EVENT_TYPES, TEST_EVENT
 from schemas.base import iso_timestamp
 from schemas.webhooks import (
     DeliverySchema,
@@ -30,7 +31,6 @@ from schemas.webhooks import (
 )
 from services.deliveries import list_deliveries
 from services.errors import ValidationFailed
-from services.event_catalog import DEFAULT_SUBSCRIPTION, EVENT_TYPES, TEST_EVENT
 from services.events import API_VERSION
 from services.signing import (
     DELIVERY_HEADER,

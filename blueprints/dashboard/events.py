@@ -13,8 +13,8 @@ import json
 from blueprints.dashboard import dashboard
 from blueprints.dashboard.rendering import render
 from blueprints.dashboard.session import current_caller, signed_in
+from models.event_catalog import DEFAULT_SUBSCRIPTION, EVENT_TYPES, TEST_EVENT, sample_data
 from schemas.webhooks import EndpointSchema
-from services.event_catalog import DEFAULT_SUBSCRIPTION, EVENT_TYPES, TEST_EVENT, sample_data
 from services.events import API_VERSION
 from services.webhook_endpoints import list_endpoints
 

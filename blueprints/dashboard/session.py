@@ -17,7 +17,7 @@ from flask import flash, g, redirect, request, session, url_for
 from flask.sessions import SecureCookieSessionInterface
 
 from blueprints.dashboard import DASHBOARD_PREFIX, dashboard
-from services.api_keys import WRITE
+from models.api_key import WRITE
 from services.authentication import Caller, authenticate_key_id, authorize
 from services.errors import Forbidden, Unauthorized
 

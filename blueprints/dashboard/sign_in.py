@@ -9,9 +9,9 @@ from blueprints.dashboard import dashboard
 from blueprints.dashboard.rendering import load_form, render
 from blueprints.dashboard.session import end_session, safe_next, start_session
 from extensions import db
+from models import credentials
 from schemas.api_keys import IssuedApiKeySchema
 from schemas.dashboard import BootstrapSignInSchema
-from services import credentials
 from services.api_keys import create_api_key
 from services.authentication import (
     Caller,

@@ -1,5 +1,5 @@
 """Campaign changes: created, published, paused, resumed, completed, cancelled. (Spend, and
-`campaign.budget_threshold`, move with escrow releases: services/platform/escrow.py.)"""
+`campaign.budget_threshold`, move with escrow releases: services/platform_changes/escrow.py.)"""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from models.columns import new_id, utcnow
 from models.money import CURRENCIES
 from services.brands import get_brand
 from services.errors import Conflict, ValidationFailed
-from services.platform.deals import cancel_open_deals, expire_open_offers
-from services.platform.records import announce, locked
+from services.platform_changes.changed_records import announce, locked
+from services.platform_changes.deals import cancel_open_deals, expire_open_offers
 
 
 def create_campaign(

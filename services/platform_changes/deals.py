@@ -29,8 +29,8 @@ from models.deal import (
 from schemas.base import iso_timestamp
 from services.errors import Conflict, ValidationFailed
 from services.events import publish_event
-from services.platform.escrow import hold_escrow, settle_deal_escrow
-from services.platform.records import announce, lock_deal, locked
+from services.platform_changes.changed_records import announce, lock_deal, locked
+from services.platform_changes.escrow import hold_escrow, settle_deal_escrow
 
 # The statuses a deal may move to, from which.
 _ALLOWED_FROM = {

@@ -18,7 +18,7 @@ from models.columns import new_id, utcnow
 from models.deal import ACCEPTED, IN_PROGRESS
 from models.escrow_hold import HELD, REFUNDED, RELEASED
 from services.errors import Conflict, ValidationFailed
-from services.platform.records import announce, lock_deal, locked, peek
+from services.platform_changes.changed_records import announce, lock_deal, locked, peek
 
 BUDGET_THRESHOLDS = (50, 80, 100)
 

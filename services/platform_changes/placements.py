@@ -16,8 +16,8 @@ from models.columns import new_id, utcnow
 from models.deal import ACCEPTED, DISPUTED, IN_PROGRESS
 from models.placement import PLATFORMS, POST_URL_MAX_LENGTH
 from services.errors import Conflict, ValidationFailed
-from services.platform.deals import start_deal
-from services.platform.records import announce, lock_deal, locked, peek
+from services.platform_changes.changed_records import announce, lock_deal, locked, peek
+from services.platform_changes.deals import start_deal
 
 # A deal's settlement moves with its placements only while the work is open; once completed
 # or cancelled it is what was paid, and later clicks are statistics.

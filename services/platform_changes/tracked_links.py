@@ -14,7 +14,7 @@ from models import Campaign, Deal, TrackedLink
 from models.columns import new_id, utcnow
 from models.tracked_link import CODE_MAX_LENGTH
 from services.errors import Conflict, NotFound, ValidationFailed
-from services.platform.records import peek
+from services.platform_changes.changed_records import peek
 
 CODE_PATTERN = re.compile(rf"^[A-Za-z0-9_-]{{3,{CODE_MAX_LENGTH}}}$")
 

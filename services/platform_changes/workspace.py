@@ -9,7 +9,7 @@ from models.columns import utcnow
 from schemas.base import iso_timestamp
 from services.errors import ValidationFailed
 from services.events import publish_event
-from services.platform.records import locked
+from services.platform_changes.changed_records import locked
 
 KYB_OUTCOMES = ("verified", "rejected")
 
