@@ -6,7 +6,7 @@ does the least any postback must do, so the real route's rate can be read agains
 `POST /api/v1/brand/<brand_id>/conversion/record-postback` (the real route's path, so one load
 script serves both servers) parses the JSON body, then in ONE transaction INSERTs a row into
 `bench_ceiling_rows` and SELECTs it back through a SQLAlchemy Core engine with the app's pool
-settings (`app._engine_options`), and answers 201 with the SPEC envelope. The row's id is the
+settings (`app.ENGINE_OPTIONS`), and answers 201 with the SPEC envelope. The row's id is the
 request's `Idempotency-Key` (a duplicate would fail loudly: a check on the load script). No
 authentication, no schema, no event, no log line. `GET /healthz` answers 200 for start-up.
 
@@ -24,7 +24,7 @@ from flask import Flask, jsonify, request
 from sqlalchemy import JSON, Column, DateTime, MetaData, Table, Text, create_engine, select
 from sqlalchemy.engine import Engine
 
-from app import _engine_options
+from app import ENGINE_OPTIONS
 
 ROUTE = "/api/v1/brand/<brand_id>/conversion/record-postback"
 
@@ -40,7 +40,7 @@ rows = Table(
 
 def make_engine(database_url: str) -> Engine:
     """An engine pooled exactly as the app's (Flask-SQLAlchemy passes the same options)."""
-    return create_engine(database_url, **_engine_options(database_url))
+    return create_engine(database_url, **ENGINE_OPTIONS)
 
 
 def create_table(database_url: str) -> None:

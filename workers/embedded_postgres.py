@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import signal
 import warnings
 from pathlib import Path
@@ -22,7 +23,11 @@ import psycopg
 
 from workers.embedded_redis import kill_pid, pid_alive, wait_for_pid_exit
 
-STOP_TIMEOUT = 10.0
+log = logging.getLogger("brand_api.embedded_postgres")
+# A fast shutdown ends every session and writes a checkpoint; on a loaded laptop that can take
+# a while, so it gets this long before the immediate one, and SIGKILL after that.
+STOP_TIMEOUT = 20.0
+IMMEDIATE_STOP_TIMEOUT = 5.0
 SUPERUSER = "postgres"
 
 
@@ -68,17 +73,28 @@ class EmbeddedPostgres:
             return True
 
     def stop(self) -> None:
-        """A fast shutdown (open sessions are ended, nothing written is lost), SIGKILL to the
-        postmaster if it is still there after STOP_TIMEOUT; returns once it is gone."""
+        """A fast shutdown (open sessions are ended, nothing written is lost); if the postmaster
+        is still there after STOP_TIMEOUT, an immediate one (SIGQUIT), then SIGKILL. Returns
+        once it is gone, with its pid file (the data directory's lock) gone too."""
+        if pid_alive(self.pid):
+            try:
+                self._pg_ctl(
+                    ["-w", "-m", "fast", "-t", str(int(STOP_TIMEOUT)), "stop"],
+                    pgdata=self.data_dir,
+                    user=self._system_user,
+                    timeout=STOP_TIMEOUT + 5,
+                )
+            except Exception as error:  # the fallbacks below still stop it
+                log.warning("pg_ctl stop failed (%s); stopping PostgreSQL by signal", error)
+        for signum, timeout in (
+            (signal.SIGQUIT, IMMEDIATE_STOP_TIMEOUT),
+            (signal.SIGKILL, IMMEDIATE_STOP_TIMEOUT),
+        ):
+            if wait_for_pid_exit(self.pid, 0.5):
+                break
+            kill_pid(self.pid, signum)
+            wait_for_pid_exit(self.pid, timeout)
         if not pid_alive(self.pid):
-            return
-        with contextlib.suppress(Exception):
-            self._pg_ctl(
-                ["-w", "-m", "fast", "-t", str(int(STOP_TIMEOUT)), "stop"],
-                pgdata=self.data_dir,
-                user=self._system_user,
-                timeout=STOP_TIMEOUT + 5,
-            )
-        if not wait_for_pid_exit(self.pid, STOP_TIMEOUT):
-            kill_pid(self.pid, signal.SIGKILL)
-            wait_for_pid_exit(self.pid, STOP_TIMEOUT)
+            # PostgreSQL removes it on any orderly exit; after SIGKILL it is stale.
+            with contextlib.suppress(OSError):
+                (self.data_dir / "postmaster.pid").unlink()
