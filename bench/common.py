@@ -88,11 +88,13 @@ class Processes:
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         self.running: list[tuple[str, subprocess.Popen, Path]] = []
+        self._started = 0  # numbers the logs: a stopped process's log is not overwritten
 
     def start(self, name: str, argv: list[str], env: dict[str, str], **kwargs) -> subprocess.Popen:
         """Start `argv` in its own process group, its stderr (and, unless given, its stdout) to
         `<workdir>/<name>-<n>.log`."""
-        log_path = self.workdir / f"{name}-{len(self.running)}.log"
+        log_path = self.workdir / f"{name}-{self._started}.log"
+        self._started += 1
         with open(log_path, "wb") as log_file:
             kwargs.setdefault("stdout", log_file)
             process = subprocess.Popen(
