@@ -22,6 +22,9 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     # Set by a test to hold the request open until it chooses (a worker killed mid-attempt).
     hold: threading.Event | None = None
+    # Seconds between the bytes of the whole answer, status line included (a trickling
+    # receiver: every read gets a byte in time, the answer never ends in time).
+    trickle: float = 0.0
 
 
 @dataclass
@@ -30,7 +33,8 @@ class Received:
     headers: dict[str, str]
     body: bytes
     signature_valid: bool
-    received_at: float
+    received_at: float  # time.monotonic()
+    received_wall: float = 0.0  # time.time(), to compare with an HTTP date
 
     @property
     def json(self) -> dict:
@@ -51,9 +55,14 @@ class Receiver:
     def __init__(self) -> None:
         self.secrets: list[str] = []
         self.received: list[Received] = []
+        # What every request gets once the script is used up.
+        self.default = Reply()
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.trickles_finished = 0
         self._script: deque[Reply] = deque()
         self._lock = threading.Condition()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self.server = _Server(("127.0.0.1", 0), _Handler)
         self.server.daemon_threads = True
         self.server.receiver = self
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -91,8 +100,16 @@ class Receiver:
     def _record(self, request: Received) -> Reply:
         with self._lock:
             self.received.append(request)
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
             self._lock.notify_all()
-            return self._script.popleft() if self._script else Reply()
+            return self._script.popleft() if self._script else self.default
+
+    def _answered(self, *, trickled: bool) -> None:
+        with self._lock:
+            self.in_flight -= 1
+            self.trickles_finished += trickled
+            self._lock.notify_all()
 
     def _verify(self, headers: dict[str, str], body: bytes) -> bool:
         timestamp = headers.get("X-Service-Timestamp", "")
@@ -103,6 +120,12 @@ class Receiver:
             hmac.compare_digest(presented, expected_signature(secret, timestamp, body))
             for secret in self.secrets
         )
+
+
+class _Server(ThreadingHTTPServer):
+    # A listen backlog like a real server's: with the default of 5, a hundred attempts that
+    # connect at once wait out SYN retries and time out before they are accepted.
+    request_queue_size = 256
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -122,21 +145,38 @@ class _Handler(BaseHTTPRequestHandler):
                 body=body,
                 signature_valid=receiver._verify(headers, body),
                 received_at=time.monotonic(),
+                received_wall=time.time(),
             )
         )
-        if reply.hold is not None:
-            reply.hold.wait(30)
-        if reply.delay:
-            time.sleep(reply.delay)
+        trickled = False
         try:
+            if reply.hold is not None:
+                reply.hold.wait(30)
+            if reply.delay:
+                time.sleep(reply.delay)
             self.send_response(reply.status)
             for name, value in reply.headers.items():
                 self.send_header(name, value)
             self.send_header("Content-Length", str(len(reply.body)))
-            self.end_headers()
-            self.wfile.write(reply.body)
+            if reply.trickle:
+                self._trickle(reply)
+                trickled = True
+            else:
+                self.end_headers()
+                self.wfile.write(reply.body)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the worker gave up waiting (timeout tests)
+        finally:
+            receiver._answered(trickled=trickled)
+
+    def _trickle(self, reply: Reply) -> None:
+        self._headers_buffer.append(b"\r\n")
+        answer = b"".join(self._headers_buffer) + reply.body
+        self._headers_buffer = []
+        for index in range(len(answer)):
+            self.wfile.write(answer[index : index + 1])
+            self.wfile.flush()
+            time.sleep(reply.trickle)
 
     def log_message(self, format, *args) -> None:
         pass
