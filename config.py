@@ -16,6 +16,10 @@ from pathlib import Path
 ENVIRONMENTS = ("development", "test", "production")
 DEFAULT_RETRY_SCHEDULE = "5,300,1800,7200,18000,36000,36000"
 DEFAULT_PORT = 5000
+# Attempts one worker process keeps in flight, and per endpoint across all workers
+# (docs/webhooks.md, "Sizing"; measured in docs/benchmarks.md).
+DEFAULT_CONCURRENCY = 256
+DEFAULT_ENDPOINT_CONCURRENCY = 2
 # Written by `make run` while its embedded PostgreSQL and Redis are up, so that CLI commands
 # started in another terminal reach the same servers without the developer exporting a URL.
 EMBEDDED_DATABASE_URL_FILE = "database-url"
@@ -41,6 +45,8 @@ class Settings:
     webhook_disable_failures: int
     webhook_disable_window: int
     webhook_timeout: float
+    webhook_concurrency: int
+    webhook_endpoint_concurrency: int
     webhook_sweep_interval: float
     postback_in_flight_window: int
     # services.failpoints: read only when APP_ENV=test.
@@ -67,6 +73,16 @@ class Settings:
             webhook_disable_failures=_int(environ, "WEBHOOK_DISABLE_FAILURES", 15, minimum=1),
             webhook_disable_window=_int(environ, "WEBHOOK_DISABLE_WINDOW", 259200, minimum=0),
             webhook_timeout=_float(environ, "WEBHOOK_TIMEOUT", 10.0),
+            webhook_concurrency=_int(
+                environ, "WEBHOOK_CONCURRENCY", DEFAULT_CONCURRENCY, minimum=1, maximum=1024
+            ),
+            webhook_endpoint_concurrency=_int(
+                environ,
+                "WEBHOOK_ENDPOINT_CONCURRENCY",
+                DEFAULT_ENDPOINT_CONCURRENCY,
+                minimum=1,
+                maximum=1024,
+            ),
             webhook_sweep_interval=_float(environ, "WEBHOOK_SWEEP_INTERVAL", 10.0),
             postback_in_flight_window=_int(
                 environ, "POSTBACK_IN_FLIGHT_WINDOW", 120, minimum=1, maximum=3600

@@ -38,15 +38,24 @@ class WebhookDelivery(db.Model):
         # Work to do: an endpoint's due deliveries (claims, disabling) and all due ones (sweeps).
         # Partial, so they stay small however many delivered rows the log keeps.
         Index(
-            "ix_webhook_deliveries_endpoint_due",
+            "ix_webhook_deliveries_endpoint_due_order",
             "endpoint_id",
             "next_attempt_at",
+            "id",
             postgresql_where=_PENDING_ONLY,
         ),
         Index(
             "ix_webhook_deliveries_due",
             "next_attempt_at",
             postgresql_where=_PENDING_ONLY,
+        ),
+        # Attempts in flight: an endpoint's leased deliveries, counted at every claim to hold
+        # the per-endpoint limit across workers.
+        Index(
+            "ix_webhook_deliveries_endpoint_leased",
+            "endpoint_id",
+            "leased_until",
+            postgresql_where=text("status = 'pending' AND lease_token IS NOT NULL"),
         ),
     )
 

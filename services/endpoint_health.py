@@ -1,5 +1,6 @@
-"""Endpoint health, in one place: counting an endpoint's failed attempts, disabling it (by its
-owner, or by the service after a long run of failures) and re-enabling it (CONTRACT 4 and 6.2).
+"""Endpoint health, in one place: counting an endpoint's failed attempts, how many attempts it
+may have in flight while it fails, disabling it (by its owner, or by the service after a long
+run of failures or a 410 Gone) and re-enabling it (CONTRACT 4, 6.2 and 8.6).
 
 The API and the dashboard (update-endpoint) and the worker (after each attempt) all go through
 these functions, so "disabled" always means the same state: `disabled_at` and a reason set,
@@ -17,6 +18,17 @@ from sqlalchemy import update
 from extensions import db
 from models import WebhookEndpoint
 from services.deliveries import fail_pending_deliveries
+
+# An endpoint whose last this many attempts failed in a row is probed with one attempt at a time
+# (a half-open circuit breaker), whatever WEBHOOK_ENDPOINT_CONCURRENCY allows a healthy one: a
+# receiver that hangs holds one slot, not all of them, and one that is down is not hammered.
+PROBING_AFTER_FAILURES = 3
+
+
+def slot_limit(consecutive_failures: int, endpoint_limit: int) -> int:
+    """Attempts an endpoint may have in flight across all workers, given its run of failures.
+    (The claim's SQL applies the same rule with PROBING_AFTER_FAILURES.)"""
+    return 1 if consecutive_failures >= PROBING_AFTER_FAILURES else endpoint_limit
 
 
 @dataclass(frozen=True)

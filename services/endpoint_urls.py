@@ -101,6 +101,22 @@ def attempt_target(url: str, policy: UrlPolicy) -> AttemptTarget:
     )
 
 
+def needs_lookup(url: str, policy: UrlPolicy) -> bool:
+    """Whether `attempt_target` would resolve a name (a blocking DNS lookup) for this URL; a
+    caller on an event loop runs it off the loop then. False for a URL it refuses outright."""
+    try:
+        _, hostname = _parse(url, policy)
+    except AddressRefused:
+        return False
+    if _is_local_exception(hostname, policy):
+        return False
+    try:
+        ipaddress.ip_address(hostname)
+    except ValueError:
+        return True
+    return False
+
+
 def is_public_address(address: IpAddress) -> bool:
     """Globally routable unicast, including what an IPv6 address embeds (mapped, 6to4, Teredo,
     NAT64), so that no IPv6 spelling reaches a private IPv4 address."""

@@ -20,12 +20,7 @@ from sqlalchemy import select, update
 from extensions import db
 from models import WebhookDelivery, WebhookEndpoint
 from models.columns import utcnow
-from services.delivery_attempts import (
-    AttemptOutcome,
-    _record_delivered_at_once,
-    autocommit_connection,
-    claim_due_deliveries,
-)
+from services.delivery_attempts import AttemptOutcome, claim_due_deliveries, settle_delivered
 from services.endpoint_urls import UrlPolicy
 from services.events import publish_event
 from services.webhook_endpoints import register_endpoint
@@ -89,17 +84,21 @@ def test_every_path_that_decides_open_agrees(app, brand, disabled, deleted):
 
         delivery_id = pending_delivery(brand, endpoint_id)
         claim = claim_due_deliveries(
-            endpoint_id, limit=10, lease=timedelta(seconds=60), now=utcnow()
-        )
+            {endpoint_id: 10},
+            endpoint_limit=10,
+            lease=timedelta(seconds=60),
+            now=utcnow(),
+            owner="0000aaaa",
+        )[endpoint_id]
 
         answers = {
             "model": loaded.is_active,
             "sql": in_sql,
             "publish": endpoint_id in receivers,
             "ping": len(pinged.delivery_ids) == 1,
-            "claim": claim is not None and delivery_id in [d.id for d in claim.deliveries],
+            "claim": claim.open and delivery_id in [d.id for d in claim.deliveries],
         }
-        if claim is not None:
+        if claim.deliveries:
             answers["success"] = delivered_in_one_statement(claim)
         assert answers == dict.fromkeys(answers, expected)
 
@@ -110,8 +109,8 @@ def delivered_in_one_statement(claim) -> bool:
     outcome = AttemptOutcome(
         requested_at=utcnow(), duration_ms=5, request_headers={}, http_status=200
     )
-    with autocommit_connection() as autocommit:
-        return _record_delivered_at_once(autocommit, claim, claim.deliveries[0], outcome, utcnow())
+    delivery = claim.deliveries[0]
+    return delivery.id in settle_delivered([(claim, delivery, outcome)], now=utcnow())
 
 
 def test_only_endpoint_health_writes_disabled_at():

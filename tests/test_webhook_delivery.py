@@ -21,6 +21,7 @@ from datetime import datetime
 
 import pytest
 
+from config import DEFAULT_ENDPOINT_CONCURRENCY
 from extensions import db
 from services.events import publish_event
 from tests.helpers import assert_error, assert_success
@@ -431,12 +432,16 @@ def test_deleting_an_endpoint_fails_its_pending_deliveries(app, api, brand, rece
     endpoint = api.register(receiver.url)
     receiver.secrets = [endpoint["signingSecret"]]
     release = threading.Event()
-    receiver.reply_with(Reply(hold=release))
+    in_flight = DEFAULT_ENDPOINT_CONCURRENCY  # the worker runs with the default
+    receiver.reply_with(*(Reply(hold=release) for _ in range(in_flight)))
     try:
-        published = publish(app, brand, ("deal.completed", {"n": 1}), ("deal.completed", {"n": 2}))
+        published = publish(
+            app, brand, *(("deal.completed", {"n": n}) for n in range(in_flight + 1))
+        )
         delivery_ids = [ids[0] for _, ids in published]
-        # The first attempt is in flight (held; the worker gives up after 1 s), the other due.
-        [held] = receiver.wait_for(1)
+        # The endpoint's slots are all in flight (held; the worker gives up after 1 s), the
+        # last delivery is due and waits its turn.
+        held = receiver.wait_for(in_flight)
         deleted = api.call("DELETE", f"webhook/{endpoint['id']}/delete-endpoint")
         assert deleted["id"] == endpoint["id"]
     finally:
@@ -447,10 +452,10 @@ def test_deleting_an_endpoint_fails_its_pending_deliveries(app, api, brand, rece
         assert detail["status"] == "failed", detail
         assert detail["nextRetryAt"] is None
         assert "deleted" in detail["lastError"].lower(), detail
-    assert held.delivery_id == delivery_ids[0]
-    # Nothing more reaches the receiver for them: not the other delivery, not a retry.
+    assert {request.delivery_id for request in held} == set(delivery_ids[:in_flight])
+    # Nothing more reaches the receiver for them: not the waiting delivery, not a retry.
     try:
-        no_more_requests(receiver, 1, within=2.0)
+        no_more_requests(receiver, in_flight, within=2.0)
     except AssertionError as error:
         raise AssertionError(
             f"after the endpoint was deleted (deliveries {delivery_ids}): {error}\n{logs(worker)}"
@@ -566,7 +571,10 @@ def test_consecutive_failures_count_attempts_and_reset_on_success(
 def test_endpoint_is_disabled_after_the_threshold_and_can_be_re_enabled(
     app, api, brand, receiver, start_worker
 ):
-    own = start_worker(WEBHOOK_DISABLE_FAILURES="3", WEBHOOK_DISABLE_WINDOW="0")
+    # One attempt at a time: a success in flight beside the third failure would reset the run.
+    own = start_worker(
+        WEBHOOK_DISABLE_FAILURES="3", WEBHOOK_DISABLE_WINDOW="0", WEBHOOK_ENDPOINT_CONCURRENCY="1"
+    )
     endpoint = api.register(receiver.url)
     receiver.secrets = [endpoint["signingSecret"]]
     receiver.reply_with(*[Reply(status=500)] * 3)

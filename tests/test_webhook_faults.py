@@ -63,7 +63,7 @@ def queued_jobs_for(app, endpoint_id: str) -> list[str]:
     return [
         job.id
         for job in queue.job_class.fetch_many(job_ids, connection=queue.connection)
-        if job is not None and endpoint_id in job.args
+        if job is not None and endpoint_id in job.args[0]
     ]
 
 
@@ -144,7 +144,7 @@ def test_worker_killed_mid_attempt_is_redelivered_by_another(
     assert detail["status"] == "pending", detail
     assert detail["attemptCount"] == 0, detail
 
-    successor = start_worker()  # after the lease (3 * 1 s + 5 s) the sweeper hands it over
+    successor = start_worker()  # after the lease (1 s + 1 s + 5 s) the sweeper hands it over
 
     try:
         first, second = receiver.wait_for(2, timeout=25)

@@ -4,6 +4,7 @@ certificate check bypassed). A real TLS server on 127.0.0.1 with a certificate f
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import ssl
 import threading
@@ -16,7 +17,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from services.endpoint_urls import UrlPolicy
-from workers.transport import new_session, send_attempt
+from workers.transport import Transport
 
 LOCAL = UrlPolicy(https_only=False, allow_local=True)
 
@@ -111,19 +112,25 @@ def tls_receiver(test_ca):
         server.server_close()
 
 
-def attempt(url: str, ca_file) -> object:
-    session = new_session()
-    session.verify = str(ca_file)
-    return send_attempt(
-        session,
-        url=url,
-        policy=LOCAL,
-        secret="whsec_test",
-        body=b"{}",
-        event_name="webhook.test",
-        delivery_id="whd_test",
-        timeout=5,
-    )
+def attempt(url: str, ca_file=None) -> object:
+    """One attempt through the engine's transport, trusting `ca_file` (else the system's trust
+    store, which does not know the test CA)."""
+    context = ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
+
+    async def send():
+        transport = Transport(policy=LOCAL, timeout=5, ssl_context=context)
+        try:
+            return await transport.send_attempt(
+                url=url,
+                secret="whsec_test",
+                body=b"{}",
+                event_name="webhook.test",
+                delivery_id="whd_test",
+            )
+        finally:
+            await transport.close()
+
+    return asyncio.run(send())
 
 
 def test_https_attempt_sends_the_name_and_verifies_its_certificate(test_ca, tls_receiver):
@@ -146,14 +153,5 @@ def test_a_certificate_for_another_name_fails_the_attempt(test_ca, tls_receiver)
 
 def test_an_untrusted_certificate_fails_the_attempt(tls_receiver):
     server = tls_receiver("localhost")
-    outcome = send_attempt(
-        new_session(),  # the system's trust store, which does not know the test CA
-        url=f"https://localhost:{server.server_address[1]}/hooks",
-        policy=LOCAL,
-        secret="whsec_test",
-        body=b"{}",
-        event_name="webhook.test",
-        delivery_id="whd_test",
-        timeout=5,
-    )
+    outcome = attempt(f"https://localhost:{server.server_address[1]}/hooks")
     assert outcome.error == "TLS error: the receiver's certificate could not be verified"

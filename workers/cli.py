@@ -1,4 +1,5 @@
-"""`flask --app app worker [--burst]`: an RQ worker with its scheduler (CONTRACT section 2)."""
+"""`flask --app app worker [--burst]`: an RQ worker with its scheduler (CONTRACT section 2), and
+the process's delivery engine that its jobs hand endpoints to (workers/engine.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from rq import SimpleWorker
 
 from extensions import db
 from workers.connection import QUEUES, redis_connection
+from workers.engine import engine_for, stop_engine
 from workers.sweeper import sweep
 
 log = logging.getLogger("brand_api.webhooks")
@@ -63,8 +65,19 @@ def worker_command(burst: bool) -> None:
     connection = redis_connection(current_app)
     if connection is None:
         raise click.ClickException("REDIS_URL is not set; start Redis or use `make run`")
-    settings = current_app.extensions["settings"]
+    app = current_app._get_current_object()
+    settings = app.extensions["settings"]
     worker = DeliveryWorker(
         list(QUEUES), connection=connection, sweep_interval=settings.webhook_sweep_interval
     )
-    worker.work(burst=burst, with_scheduler=True)
+    engine = engine_for(app)
+    try:
+        worker.work(burst=burst, with_scheduler=True)
+        if burst:
+            # The queue is empty; the attempts its jobs started are not over yet.
+            while not engine.idle():
+                time.sleep(0.05)
+    finally:
+        # A warm shutdown (SIGTERM) ends here too: every attempt in flight ends within the
+        # timeout, and what was claimed but not started goes back.
+        stop_engine(grace=settings.webhook_timeout + 1)

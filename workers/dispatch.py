@@ -1,10 +1,10 @@
-"""Waking the workers: after a transaction that added deliveries commits, one drain job per
-endpoint is queued on RQ.
+"""Waking the workers: after a transaction that added deliveries commits, a drain job naming
+its endpoints is queued on RQ.
 
-The database is the source of truth for what must be delivered; a job only says "this endpoint
-has work". So a lost job loses nothing (the sweeper queues another), two jobs for one endpoint
-are harmless (the second finds nothing to claim), and a request flag per endpoint keeps a burst
-of events from queueing a job each.
+The database is the source of truth for what must be delivered; a job only says "these
+endpoints have work". So a lost job loses nothing (the sweeper queues another), two jobs for
+one endpoint are harmless (the second finds nothing to claim), and a request flag per endpoint
+keeps a burst of events from queueing a job each.
 
 A committing request does not talk to Redis itself: it hands the endpoints to this process's
 `DrainRequester` thread and returns. A request's answer then never waits on Redis (nor on its
@@ -19,8 +19,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
-from datetime import datetime
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from datetime import datetime, timedelta
 
 import redis
 from flask import Flask, current_app
@@ -34,13 +34,15 @@ from workers.connection import QUEUES, redis_connection
 log = logging.getLogger("brand_api.webhooks")
 
 WEBHOOK_QUEUE = QUEUES[0]
-DRAIN_JOB = "workers.delivery_jobs.drain_endpoint"
+DRAIN_JOB = "workers.delivery_jobs.drain_endpoints"
+# Endpoints one drain job carries at most.
+DRAIN_JOB_ENDPOINTS = 100
 # Set while a drain of the endpoint is queued and not yet started; expires so that a flag whose
 # job vanished cannot block the endpoint for long.
 _DRAIN_FLAG = "brand-api:drain-queued:{}"
 DRAIN_FLAG_TTL_SECONDS = 300
-# Generous: a drain stops taking new work after its budget, but one attempt may be slow.
-DRAIN_JOB_TIMEOUT_SECONDS = 600
+# A drain only hands its endpoints to the worker's engine; this bounds a job stuck on Redis.
+DRAIN_JOB_TIMEOUT_SECONDS = 60
 # The drain requester's rest between two rounds (see DrainRequester).
 REQUEST_ROUND_PAUSE_SECONDS = 0.01
 
@@ -64,7 +66,9 @@ def _forget_on_rollback(session: Session, previous_transaction) -> None:
 
 
 def request_drains(app: Flask, endpoint_ids: Iterable[str]) -> int:
-    """Queue a drain for each endpoint that has none queued; how many were queued.
+    """Queue drains for the endpoints that have none queued; how many endpoints were queued.
+    One job carries up to DRAIN_JOB_ENDPOINTS of them: an event that fans out to twenty
+    endpoints costs one job, not twenty.
 
     Never raises: the deliveries are committed, and if Redis cannot take the jobs now the
     sweeper will. The caller's request has succeeded either way.
@@ -85,18 +89,17 @@ def request_drains(app: Flask, endpoint_ids: Iterable[str]) -> int:
                 flagged = pipe.execute()
         wanted = [eid for eid, is_new in zip(endpoint_ids, flagged, strict=True) if is_new]
         if wanted:
-            queue = Queue(WEBHOOK_QUEUE, connection=connection)
-            queue.enqueue_many(
+            Queue(WEBHOOK_QUEUE, connection=connection).enqueue_many(
                 [
                     Queue.prepare_data(
                         DRAIN_JOB,
-                        args=(endpoint_id,),
+                        args=(chunk,),
                         timeout=DRAIN_JOB_TIMEOUT_SECONDS,
                         result_ttl=0,
                         failure_ttl=86400,
-                        description=f"drain webhook endpoint {endpoint_id}",
+                        description=f"drain webhook endpoints {' '.join(chunk)}",
                     )
-                    for endpoint_id in wanted
+                    for chunk in _chunks(wanted, DRAIN_JOB_ENDPOINTS)
                 ]
             )
         return len(wanted)
@@ -109,40 +112,56 @@ def request_drains(app: Flask, endpoint_ids: Iterable[str]) -> int:
         return 0
 
 
+def _chunks(items: list[str], size: int) -> Iterator[list[str]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
 def _flag(client, endpoint_id: str):
     """Set the endpoint's drain flag unless it is set: true when this call set it."""
     return client.set(_DRAIN_FLAG.format(endpoint_id), 1, nx=True, ex=DRAIN_FLAG_TTL_SECONDS)
 
 
-def drain_started(app: Flask, endpoint_id: str) -> None:
+def drain_started(app: Flask, endpoint_ids: list[str]) -> None:
     """Called first thing by a drain: a publish from now on queues a new one."""
     connection = redis_connection(app)
-    if connection is not None:
-        connection.delete(_DRAIN_FLAG.format(endpoint_id))
+    if connection is not None and endpoint_ids:
+        connection.delete(*(_DRAIN_FLAG.format(endpoint_id) for endpoint_id in endpoint_ids))
 
 
-def schedule_drain(app: Flask, endpoint_id: str, at: datetime) -> None:
-    """Wake the endpoint when a retry is due (RQ's scheduler moves the job to the queue)."""
+def schedule_drains(app: Flask, due: Mapping[str, datetime]) -> None:
+    """Wake each endpoint when its retry is due, from any worker (RQ's scheduler moves the job
+    to the queue). The engine that recorded the retry wakes it on time itself; this is for when
+    that process is gone. RQ keeps whole seconds, so a job is set for the second after, and one
+    job id per endpoint and second keeps a thousand retries of one endpoint one job."""
     connection = redis_connection(app)
-    if connection is None:
+    if connection is None or not due:
         return
+    queue = Queue(WEBHOOK_QUEUE, connection=connection)
     try:
-        Queue(WEBHOOK_QUEUE, connection=connection).enqueue_at(
-            at,
-            DRAIN_JOB,
-            endpoint_id,
-            job_timeout=DRAIN_JOB_TIMEOUT_SECONDS,
-            result_ttl=0,
-            failure_ttl=86400,
-            description=f"retry drain of webhook endpoint {endpoint_id}",
-        )
+        with connection.pipeline(transaction=False) as pipe:
+            for endpoint_id, at in due.items():
+                second = at.replace(microsecond=0) + timedelta(seconds=1)
+                queue.enqueue_at(
+                    second,
+                    DRAIN_JOB,
+                    [endpoint_id],
+                    job_id=f"webhook-retry:{endpoint_id}:{int(second.timestamp())}",
+                    job_timeout=DRAIN_JOB_TIMEOUT_SECONDS,
+                    result_ttl=0,
+                    failure_ttl=86400,
+                    description=f"retry drain of webhook endpoint {endpoint_id}",
+                    pipeline=pipe,
+                )
+            pipe.execute()
     except redis.RedisError as error:
-        log.warning("could not schedule a retry drain; the sweeper will: %s", error)
+        log.warning("could not schedule retry drains; the sweeper will: %s", error)
 
 
 class DrainRequester:
     """One thread per process that queues the drains committed transactions asked for
-    (`request_drains`), so that no request waits on Redis.
+    (`request_drains`), and the retry drains a worker schedules (`schedule_drains`), so that
+    neither a request nor the delivery engine waits on Redis.
 
     Only committed work reaches it (the session's after-commit hook). A wake still held here
     when the process dies is not lost work: the deliveries are in the database, due, and the
@@ -154,6 +173,7 @@ class DrainRequester:
         self._send = send or request_drains
         self._changed = threading.Condition()
         self._pending: dict[Flask, set[str]] = {}
+        self._later: dict[Flask, dict[str, datetime]] = {}
         self._busy = False
         self._idle = False
         self._thread: threading.Thread | None = None
@@ -161,21 +181,30 @@ class DrainRequester:
     def add(self, app: Flask, endpoint_ids: Iterable[str]) -> None:
         with self._changed:
             self._pending.setdefault(app, set()).update(endpoint_ids)
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="drain-requester", daemon=True
-                )
-                self._thread.start()
-            if self._idle:
-                # Waking a thread costs a context switch; one resting between rounds takes
-                # this with the rest when its pause ends.
-                self._changed.notify_all()
+            self._start_or_notify()
+
+    def add_later(self, app: Flask, endpoint_id: str, at: datetime) -> None:
+        """Schedule a drain of the endpoint at `at` (the earliest of those asked for wins)."""
+        with self._changed:
+            later = self._later.setdefault(app, {})
+            if endpoint_id not in later or at < later[endpoint_id]:
+                later[endpoint_id] = at
+            self._start_or_notify()
+
+    def _start_or_notify(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="drain-requester", daemon=True)
+            self._thread.start()
+        if self._idle:
+            # Waking a thread costs a context switch; one resting between rounds takes this
+            # with the rest when its pause ends.
+            self._changed.notify_all()
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Wait until every wake added so far has been sent to Redis; False on timeout."""
         deadline = time.monotonic() + timeout
         with self._changed:
-            while self._pending or self._busy:
+            while self._pending or self._later or self._busy:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or self._thread is None or not self._thread.is_alive():
                     return False
@@ -186,15 +215,18 @@ class DrainRequester:
         while True:
             with self._changed:
                 self._idle = True
-                while not self._pending:
+                while not self._pending and not self._later:
                     self._changed.wait()
                 self._idle = False
                 batch, self._pending = self._pending, {}
+                later, self._later = self._later, {}
                 self._busy = True
             try:
                 for app, endpoint_ids in batch.items():
                     self._send(app, endpoint_ids)
-            except Exception:  # request_drains never raises; keep the thread alive regardless
+                for app, due in later.items():
+                    schedule_drains(app, due)
+            except Exception:  # neither raises; keep the thread alive regardless
                 log.exception("queueing webhook drains failed; the sweeper will")
             finally:
                 with self._changed:

@@ -19,7 +19,7 @@ from workers import dispatch
 from workers.connection import redis_connection
 
 log = logging.getLogger("brand_api.webhooks")
-_SWEEP_LOCK = "brand-api:sweep-lock"
+SWEEP_LOCK = "brand-api:sweep-lock"
 
 
 def sweep(app: Flask) -> int:
@@ -29,7 +29,7 @@ def sweep(app: Flask) -> int:
     connection = redis_connection(app)
     if connection is None:
         return 0
-    if not connection.set(_SWEEP_LOCK, 1, nx=True, px=max(1, int(interval * 900))):
+    if not connection.set(SWEEP_LOCK, 1, nx=True, px=max(1, int(interval * 900))):
         return 0
     now = utcnow()
     endpoint_ids = endpoints_with_overdue_deliveries(

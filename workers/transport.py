@@ -1,157 +1,232 @@
 """One delivery attempt over HTTP: resolve and check the receiver's address, connect to exactly
 that address, post the signed body, and report what happened in words a brand can act on.
 
-One `requests.Session` per worker process keeps connections to each receiver alive between
-attempts (a TLS handshake per delivery would cost more than the delivery).
+Attempts run on the delivery engine's asyncio loop (workers/engine.py) over one aiohttp
+session per worker process, which keeps connections to each receiver alive between attempts (a
+TLS handshake per delivery would cost more than the delivery). `WEBHOOK_TIMEOUT` bounds the
+whole attempt on the wall clock, name lookup, connect, sending, the answer's headers and its
+body alike: a receiver that trickles a byte a second cannot hold an attempt past it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import email.utils
+import errno
+import ssl
 import time
-from datetime import datetime
+from concurrent.futures import Executor
+from datetime import UTC, datetime
+from types import SimpleNamespace
 
-import requests
-from requests.adapters import HTTPAdapter
+import aiohttp
 
 from models.columns import utcnow
 from models.webhook_delivery import RESPONSE_BODY_MAX_BYTES
-from services.delivery_attempts import AttemptOutcome
-from services.endpoint_urls import AddressRefused, UrlPolicy, attempt_target
+from services.delivery_attempts import RETRY_AFTER_MAX_SECONDS, AttemptOutcome
+from services.endpoint_urls import AddressRefused, UrlPolicy, attempt_target, needs_lookup
 from services.signing import delivery_headers
 
-_READ_CHUNK = 1024
+# Receivers that may ask for a later retry (CONTRACT 8.6).
+_RETRY_AFTER_STATUSES = (429, 503)
+_GONE = 410
+# A kept-alive connection idle this long is closed (receivers commonly close after 60 s).
+KEEPALIVE_SECONDS = 30.0
 
 
-class PinnedAddressAdapter(HTTPAdapter):
-    """Connects to the address in the request URL (the one that was checked) while TLS still
-    sends and verifies the receiver's own name: SNI and the certificate check use
-    `request.pinned_hostname`, and connections are pooled per (address, name)."""
+class Transport:
+    """The HTTP side of a worker process's engine: one aiohttp session on the engine's loop.
+    Create and use it on that loop."""
 
-    def build_connection_pool_key_attributes(self, request, verify, cert=None):
-        host_params, pool_kwargs = super().build_connection_pool_key_attributes(
-            request, verify, cert
+    def __init__(
+        self,
+        *,
+        policy: UrlPolicy,
+        timeout: float,
+        lookups: Executor | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self.policy = policy
+        self.timeout = timeout
+        self._lookups = lookups
+        self._ssl = ssl_context or ssl.create_default_context()
+        tracing = aiohttp.TraceConfig()
+        tracing.on_connection_create_end.append(_connected)
+        tracing.on_connection_reuseconn.append(_connected)
+        tracing.on_request_headers_sent.append(_sent)
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(
+                limit=0,  # the engine bounds attempts in flight
+                # Never cached: each attempt resolves and checks (CONTRACT 6.3), and connects
+                # to the address in its URL, which is the checked one.
+                use_dns_cache=False,
+                keepalive_timeout=KEEPALIVE_SECONDS,
+                ssl=self._ssl,
+            ),
+            # Proxies from the environment would connect somewhere other than the checked
+            # address; cookies from one receiver are nobody's business at the next.
+            trust_env=False,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            timeout=aiohttp.ClientTimeout(total=None),
+            trace_configs=[tracing],
+            raise_for_status=False,
         )
-        hostname = getattr(request, "pinned_hostname", None)
-        if hostname and host_params.get("scheme") == "https":
-            pool_kwargs["server_hostname"] = hostname
-            pool_kwargs["assert_hostname"] = hostname
-        return host_params, pool_kwargs
 
+    async def close(self) -> None:
+        await self._session.close()
 
-def new_session() -> requests.Session:
-    session = requests.Session()
-    # Proxies from the environment would connect somewhere other than the checked address.
-    session.trust_env = False
-    adapter = PinnedAddressAdapter(pool_connections=64, pool_maxsize=4, max_retries=0)
-    session.mount("https://", adapter)
-    session.mount("http://", adapter)
-    return session
-
-
-def send_attempt(
-    session: requests.Session,
-    *,
-    url: str,
-    policy: UrlPolicy,
-    secret: str,
-    body: bytes,
-    event_name: str,
-    delivery_id: str,
-    timeout: float,
-) -> AttemptOutcome:
-    requested_at = utcnow()
-    started = time.perf_counter()
-    headers = delivery_headers(
-        secret=secret,
-        timestamp=int(time.time()),
-        raw_body=body,
-        event_name=event_name,
-        delivery_id=delivery_id,
-    )
-    try:
-        target = attempt_target(url, policy)
-    except AddressRefused as refused:
-        return _outcome(requested_at, started, headers, error=f"Not sent: {refused}")
-    prepared = requests.Request("POST", target.url, data=body, headers=headers).prepare()
-    prepared.headers["Host"] = target.host_header
-    prepared.pinned_hostname = target.hostname
-    try:
-        response = session.send(
-            prepared, timeout=(timeout, timeout), allow_redirects=False, stream=True
+    async def send_attempt(
+        self, *, url: str, secret: str, body: bytes, event_name: str, delivery_id: str
+    ) -> AttemptOutcome:
+        requested_at = utcnow()
+        started = time.perf_counter()
+        headers = delivery_headers(
+            secret=secret,
+            timestamp=int(time.time()),
+            raw_body=body,
+            event_name=event_name,
+            delivery_id=delivery_id,
         )
-    except requests.exceptions.RequestException as error:
-        return _outcome(requested_at, started, headers, error=describe_failure(error, timeout))
-    try:
-        response_body, cut_short = _read_start(response, deadline=started + timeout)
-    except requests.exceptions.RequestException as error:
-        response.close()
-        return _outcome(
-            requested_at,
-            started,
-            headers,
-            http_status=response.status_code,
-            error=describe_failure(error, timeout),
-        )
-    response.close()
+        progress = SimpleNamespace(phase="connecting", status=None)
+        try:
+            async with asyncio.timeout(self.timeout):
+                return await self._post(url, body, headers, requested_at, started, progress)
+        except AddressRefused as refused:
+            return _outcome(requested_at, started, headers, error=f"Not sent: {refused}")
+        except TimeoutError:
+            return _outcome(
+                requested_at,
+                started,
+                headers,
+                http_status=progress.status,
+                error=f"Timed out after {self.timeout:g}s while {progress.phase}",
+            )
+        except (aiohttp.ClientError, OSError) as error:
+            return _outcome(
+                requested_at,
+                started,
+                headers,
+                http_status=progress.status,
+                error=describe_failure(error),
+            )
+
+    async def _post(self, url, body, headers, requested_at, started, progress) -> AttemptOutcome:
+        if needs_lookup(url, self.policy):
+            progress.phase = "looking up the receiver's address"
+            loop = asyncio.get_running_loop()
+            target = await loop.run_in_executor(self._lookups, attempt_target, url, self.policy)
+            progress.phase = "connecting"
+        else:
+            target = attempt_target(url, self.policy)
+        async with self._session.post(
+            target.url,
+            data=body,
+            headers={**headers, "Host": target.host_header},
+            allow_redirects=False,
+            server_hostname=target.hostname if target.scheme == "https" else None,
+            trace_request_ctx=progress,
+        ) as response:
+            progress.status = response.status
+            progress.phase = "reading the response"
+            response_body, complete = await _read_start(response)
+            if not complete:
+                # Unread bytes are left on the connection: it must not serve another attempt.
+                response.close()
+        return _judge(response, response_body, requested_at, started, headers)
+
+
+def _judge(response, response_body, requested_at, started, headers) -> AttemptOutcome:
+    status = response.status
     error = None
-    if cut_short == "timeout":
-        error = f"Timed out after {timeout:g}s while reading the response"
-    elif 300 <= response.status_code < 400:
+    if 300 <= status < 400:
         location = response.headers.get("Location", "")[:200]
-        error = f"HTTP {response.status_code}: redirects are not followed" + (
+        error = f"HTTP {status}: redirects are not followed" + (
             f" (Location: {location})" if location else ""
         )
-    elif not 200 <= response.status_code < 300:
-        error = f"HTTP {response.status_code}"
+    elif status == _GONE:
+        error = "HTTP 410 Gone: the receiver says this endpoint no longer exists"
+    elif not 200 <= status < 300:
+        error = f"HTTP {status}"
+    retry_after = None
+    if status in _RETRY_AFTER_STATUSES:
+        retry_after = parse_retry_after(response.headers.get("Retry-After"))
+        if retry_after is not None:
+            error += f" (Retry-After: {retry_after:g}s)"
     return _outcome(
         requested_at,
         started,
         headers,
-        http_status=response.status_code,
+        http_status=status,
         error=error,
         response_body=response_body,
+        retry_after_seconds=retry_after,
+        gone=status == _GONE,
     )
 
 
-def describe_failure(error: requests.exceptions.RequestException, timeout: float) -> str:
+async def _connected(session, context, params) -> None:
+    context.trace_request_ctx.phase = "sending the request"
+
+
+async def _sent(session, context, params) -> None:
+    context.trace_request_ctx.phase = "waiting for the response"
+
+
+async def _read_start(response: aiohttp.ClientResponse) -> tuple[str, bool]:
+    """The first 2 KiB of the body as text, and whether that was all of it."""
+    collected = b""
+    while len(collected) <= RESPONSE_BODY_MAX_BYTES:
+        chunk = await response.content.read(RESPONSE_BODY_MAX_BYTES + 1 - len(collected))
+        if not chunk:
+            return collected.decode("utf-8", errors="replace"), True
+        collected += chunk
+    return collected[:RESPONSE_BODY_MAX_BYTES].decode("utf-8", errors="replace"), False
+
+
+def parse_retry_after(value: str | None, *, now: datetime | None = None) -> float | None:
+    """`Retry-After` in seconds from now: a number of seconds or an HTTP date, at most an hour
+    (CONTRACT 8.6); None when absent or unreadable."""
+    if not value or not value.strip():
+        return None
+    value = value.strip()
+    if value.isdigit():
+        seconds = float(int(value))
+    else:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:  # an HTTP date is always GMT
+            when = when.replace(tzinfo=UTC)
+        seconds = (when - (now or datetime.now(UTC))).total_seconds()
+    return min(max(seconds, 0.0), float(RETRY_AFTER_MAX_SECONDS))
+
+
+def describe_failure(error: Exception) -> str:
     """A short cause without the URL (it may carry the brand's own query tokens)."""
-    if isinstance(error, requests.exceptions.ConnectTimeout):
-        return f"Timed out after {timeout:g}s while connecting"
-    if isinstance(error, requests.exceptions.Timeout):
-        return f"Timed out after {timeout:g}s waiting for the response"
-    if isinstance(error, requests.exceptions.SSLError):
-        reason = str(error)
-        if "doesn't match" in reason or "does not match" in reason:
+    if isinstance(error, aiohttp.ClientConnectorCertificateError):
+        # OpenSSL's words: "Hostname mismatch, ..." or "IP address mismatch, ...".
+        if "mismatch" in getattr(error.certificate_error, "verify_message", ""):
             return "TLS error: the receiver's certificate is not for its host name"
-        if "CERTIFICATE_VERIFY_FAILED" in reason:
-            return "TLS error: the receiver's certificate could not be verified"
+        return "TLS error: the receiver's certificate could not be verified"
+    if isinstance(error, aiohttp.ClientSSLError | ssl.SSLError):
         return "TLS error: the handshake with the receiver failed"
-    if isinstance(error, requests.exceptions.ConnectionError):
-        reason = str(error)
-        if "Connection refused" in reason:
-            return "Connection refused"
-        if "Connection reset" in reason:
-            return "Connection reset by the receiver"
-        if "RemoteDisconnected" in reason or "closed connection" in reason:
-            return "The receiver closed the connection without answering"
+    if isinstance(error, aiohttp.ServerDisconnectedError):
+        return "The receiver closed the connection without answering"
+    if isinstance(error, aiohttp.ClientPayloadError):
+        return "The receiver's answer was cut short"
+    if isinstance(error, aiohttp.ClientResponseError):
+        return "The receiver's answer is not valid HTTP"
+    code = getattr(error, "errno", None)
+    if isinstance(error, aiohttp.ClientConnectorError):
+        code = error.os_error.errno
+    if code == errno.ECONNREFUSED:
+        return "Connection refused"
+    if code in (errno.ECONNRESET, errno.EPIPE):
+        return "Connection reset by the receiver"
+    if isinstance(error, aiohttp.ClientConnectorError | OSError):
         return "Connection failed"
     return f"Request failed ({type(error).__name__})"
-
-
-def _read_start(response: requests.Response, *, deadline: float) -> tuple[str, str | None]:
-    """The first 2 KiB of the body as text; reading stops there or at the deadline."""
-    collected = b""
-    cut_short = None
-    for chunk in response.iter_content(_READ_CHUNK):
-        collected += chunk
-        if len(collected) > RESPONSE_BODY_MAX_BYTES:
-            cut_short = "size"
-            break
-        if time.perf_counter() > deadline:
-            cut_short = "timeout"
-            break
-    text = collected[:RESPONSE_BODY_MAX_BYTES].decode("utf-8", errors="replace")
-    return text, cut_short
 
 
 def _outcome(
@@ -162,6 +237,8 @@ def _outcome(
     http_status: int | None = None,
     error: str | None = None,
     response_body: str | None = None,
+    retry_after_seconds: float | None = None,
+    gone: bool = False,
 ) -> AttemptOutcome:
     return AttemptOutcome(
         requested_at=requested_at,
@@ -170,4 +247,6 @@ def _outcome(
         http_status=http_status,
         error=error,
         response_body=response_body,
+        retry_after_seconds=retry_after_seconds,
+        gone=gone,
     )

@@ -1,0 +1,418 @@
+"""Webhook delivery against receivers that behave like real ones, in one run against ONE worker
+process on PostgreSQL and Redis (see bench/README.md):
+
+1. latency: 100 endpoints whose receiver answers after 200 ms, 20 deliveries each, published
+   before the worker starts. Rate = deliveries over the time from the first receipt to the last.
+   Ceiling: every endpoint with its per-endpoint limit always in flight, all at once
+   (endpoints x WEBHOOK_ENDPOINT_CONCURRENCY / 0.2 s). Target: ratio >= 0.6.
+2. neighbour: 10% of the endpoints never answer, the rest answer at once; events are published
+   at a steady rate, each fanning out to its brand's endpoints. The healthy endpoints' latency
+   from the publishing commit's return to receipt. Target: p99 < 100 ms.
+3. loopback: bench/deliveries.py (a receiver that answers at once), run as it is. Targets:
+   ratio >= 0.6, latency p50 < 20 ms.
+4. the worker's peak RSS and its database connections in 1 and 2, and `rss_hanging`: peak RSS
+   with 1,000 due deliveries to endpoints that never answer.
+
+Run from the repository root:  .venv/bin/python -m bench.receivers   (--quick: a smoke run)
+
+The receiver is an asyncio server in its own process (this file run with --receiver): the path
+of each endpoint's URL says how it behaves (`/delay/<ms>/...`, `/hang/...`), and it records
+when each delivery arrived on the system-wide monotonic clock. Progress goes to stderr; stdout
+gets one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.common import Processes, exit_on_sigterm, log, percentile  # noqa: E402
+
+EVENT_NAME = "deal.completed"
+ENDPOINTS_PER_BRAND = 20  # services.webhook_endpoints.MAX_ENDPOINTS_PER_BRAND
+RECEIVER_DELAY_MS = 200
+SCENARIO_CAP_SECONDS = 120.0  # each scenario stops by itself after this
+
+_OK = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok"
+
+
+# --------------------------------------------------------------------------------------------
+# The receiver (a separate process)
+# --------------------------------------------------------------------------------------------
+
+
+class _Receiver(asyncio.Protocol):
+    receipts: dict[str, float] = {}
+
+    def __init__(self) -> None:
+        self.buffer = b""
+        self.transport = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while True:
+            head_end = self.buffer.find(b"\r\n\r\n")
+            if head_end < 0:
+                return
+            head = self.buffer[:head_end].split(b"\r\n")
+            headers = {}
+            for line in head[1:]:
+                name, _, value = line.partition(b":")
+                headers[name.strip().lower()] = value.strip()
+            end = head_end + 4 + int(headers.get(b"content-length", b"0"))
+            if len(self.buffer) < end:
+                return
+            self.buffer = self.buffer[end:]
+            _, target, _ = head[0].split(b" ", 2)
+            path = target.decode()
+            if path == "/_receipts":
+                body = json.dumps(_Receiver.receipts).encode()
+                self.transport.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+                )
+                continue
+            if path == "/_reset":
+                _Receiver.receipts = {}
+                self.transport.write(_OK)
+                continue
+            delivery_id = headers.get(b"x-service-delivery", b"").decode()
+            _Receiver.receipts.setdefault(delivery_id, time.monotonic())
+            if path.startswith("/hang/"):
+                return  # never answers; the sender's deadline ends it
+            if path.startswith("/delay/"):
+                delay = int(path.split("/")[2]) / 1000
+                asyncio.get_running_loop().call_later(delay, self._answer)
+            else:
+                self._answer()
+
+    def _answer(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(_OK)
+
+
+async def _serve_receiver() -> None:
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(_Receiver, "127.0.0.1", 0, backlog=1024)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    stop = loop.create_future()
+    loop.add_signal_handler(signal.SIGTERM, stop.set_result, None)
+    await stop
+    server.close()
+
+
+# --------------------------------------------------------------------------------------------
+# The run
+# --------------------------------------------------------------------------------------------
+
+
+class Bench:
+    def __init__(self, args, workdir: Path, processes: Processes) -> None:
+        import requests
+
+        self.args = args
+        self.workdir = workdir
+        self.processes = processes
+        self.http = requests.Session()
+        self.http.trust_env = False
+
+    def receipts(self) -> dict[str, float]:
+        return self.http.get(f"{self.receiver_url}/_receipts", timeout=30).json()
+
+    def start_worker(self, **settings: str) -> subprocess.Popen:
+        env = {**self.child_env, **settings}
+        return self.processes.start(
+            "worker", [sys.executable, "-m", "flask", "--app", "app", "worker"], env
+        )
+
+    def stop_worker(self, worker: subprocess.Popen) -> None:
+        self.processes.stop(worker)
+
+    def fresh_brands(self, behaviours: list[list[str]]) -> list[tuple[str, list[str]]]:
+        """A brand per list of endpoint paths; [(brand id, endpoint ids)]."""
+        from extensions import db
+        from services.brands import create_brand
+        from services.webhook_endpoints import current_url_policy, register_endpoint
+
+        made = []
+        with self.app.app_context():
+            for number, paths in enumerate(behaviours):
+                brand = create_brand(name=f"Bench {number}", plan="growth").id
+                endpoints = [
+                    register_endpoint(
+                        brand_id=brand,
+                        url=f"{self.receiver_url}{path}/{brand}/{index}",
+                        events=[EVENT_NAME],
+                        policy=current_url_policy(),
+                    ).id
+                    for index, path in enumerate(paths)
+                ]
+                made.append((brand, endpoints))
+            db.session.commit()
+            db.session.remove()
+        return made
+
+    def publish(self, brand: str, count: int) -> tuple[float, list[str]]:
+        """`count` events for the brand in one commit: (when the commit returned, delivery ids)."""
+        from extensions import db
+        from services.events import publish_event
+
+        with self.app.app_context():
+            ids = []
+            for n in range(count):
+                ids += publish_event(brand_id=brand, name=EVENT_NAME, data={"n": n}).delivery_ids
+            db.session.commit()
+            returned = time.monotonic()
+            db.session.remove()
+        return returned, ids
+
+    def worker_figures(self, worker: subprocess.Popen) -> tuple[float, int]:
+        """(peak RSS in MiB, database connections of this database other than ours)."""
+        status = Path(f"/proc/{worker.pid}/status").read_text()
+        peak_kib = next(int(line.split()[1]) for line in status.splitlines() if "VmHWM" in line)
+        return round(peak_kib / 1024, 1), self.connections() - self.own_connections
+
+    def connections(self) -> int:
+        from sqlalchemy import text
+
+        from extensions import db
+
+        with self.app.app_context():
+            count = db.session.scalar(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND pid <> pg_backend_pid()"
+                )
+            )
+            db.session.remove()
+        return count
+
+    def wait_for(self, delivery_ids: list[str], what: str) -> dict[str, float]:
+        deadline = time.monotonic() + SCENARIO_CAP_SECONDS
+        wanted = set(delivery_ids)
+        while True:
+            receipts = self.receipts()
+            if wanted <= receipts.keys():
+                return receipts
+            if time.monotonic() > deadline:
+                missing = len(wanted - receipts.keys())
+                raise RuntimeError(f"{what}: {missing} deliveries not received in time")
+            time.sleep(0.1)
+
+    # --- scenarios ---------------------------------------------------------------------------
+
+    def latency(self) -> dict:
+        endpoints, per_endpoint = self.args.endpoints, self.args.per_endpoint
+        brands = self.fresh_brands(
+            [
+                [f"/delay/{RECEIVER_DELAY_MS}"] * ENDPOINTS_PER_BRAND
+                for _ in range(endpoints // ENDPOINTS_PER_BRAND)
+            ]
+        )
+        ids = []
+        for brand, _ in brands:
+            ids += self.publish(brand, per_endpoint)[1]
+        log(f"latency: {len(ids)} deliveries to {endpoints} endpoints answering after 200 ms")
+        worker = self.start_worker()
+        receipts = self.wait_for(ids, "latency")
+        rss, connections = self.worker_figures(worker)
+        self.stop_worker(worker)
+        times = [receipts[d] for d in ids]
+        took = max(times) - min(times)
+        rate = (len(ids) - 1) / took
+        ceiling = endpoints * self.endpoint_concurrency / (RECEIVER_DELAY_MS / 1000)
+        log(f"latency: {rate:.0f}/s against a ceiling of {ceiling:.0f}/s")
+        return {
+            "per_s": round(rate, 1),
+            "ceiling_per_s": round(ceiling, 1),
+            "ratio": round(rate / ceiling, 3),
+            "worker_peak_rss_mib": rss,
+            "worker_db_connections": connections,
+        }
+
+    def neighbour(self) -> dict:
+        hanging_per_brand = ENDPOINTS_PER_BRAND // 10
+        brands = self.fresh_brands(
+            [
+                ["/hang"] * hanging_per_brand
+                + ["/fast"] * (ENDPOINTS_PER_BRAND - hanging_per_brand)
+                for _ in range(self.args.endpoints // ENDPOINTS_PER_BRAND)
+            ]
+        )
+        worker = self.start_worker()
+        time.sleep(2)  # started and listening
+        from sqlalchemy import select
+
+        from extensions import db
+        from models import WebhookDelivery
+
+        published: list[tuple[float, list[str]]] = []
+        interval = 1 / self.args.rate
+        log(f"neighbour: {self.args.events} events at {self.args.rate}/s, 10% hanging endpoints")
+        next_at = time.monotonic()
+        for number in range(self.args.events):
+            brand, _ = brands[number % len(brands)]
+            published.append(self.publish(brand, 1))
+            next_at += interval
+            time.sleep(max(0.0, next_at - time.monotonic()))
+        healthy_endpoints = {e for _, endpoints in brands for e in endpoints[hanging_per_brand:]}
+        with self.app.app_context():
+            endpoint_of = dict(
+                db.session.execute(
+                    select(WebhookDelivery.id, WebhookDelivery.endpoint_id).where(
+                        WebhookDelivery.id.in_([d for _, ids in published for d in ids])
+                    )
+                ).all()
+            )
+            db.session.remove()
+        healthy = [
+            (returned, d)
+            for returned, ids in published
+            for d in ids
+            if endpoint_of[d] in healthy_endpoints
+        ]
+        receipts = self.wait_for([d for _, d in healthy], "neighbour")
+        rss, connections = self.worker_figures(worker)
+        self.stop_worker(worker)
+        latencies = sorted((receipts[d] - returned) * 1000 for returned, d in healthy)
+        p50, p99 = percentile(latencies, 50), percentile(latencies, 99)
+        log(f"neighbour: healthy endpoints p50 {p50:.1f} ms, p99 {p99:.1f} ms")
+        return {
+            "healthy_deliveries": len(healthy),
+            "healthy_p50_ms": round(p50, 1),
+            "healthy_p99_ms": round(p99, 1),
+            "worker_peak_rss_mib": rss,
+            "worker_db_connections": connections,
+        }
+
+    def rss_hanging(self) -> float:
+        brands = self.fresh_brands(
+            [["/hang"] * ENDPOINTS_PER_BRAND for _ in range(self.args.hanging_brands)]
+        )
+        count = 0
+        per_brand = self.args.hanging // (len(brands) * ENDPOINTS_PER_BRAND)
+        for brand, _ in brands:
+            count += len(self.publish(brand, per_brand)[1])
+        log(f"rss_hanging: {count} due deliveries to endpoints that never answer")
+        worker = self.start_worker()
+        time.sleep(self.timeout + 3)  # every slot held, and the first timeouts passed
+        rss, _ = self.worker_figures(worker)
+        self.stop_worker(worker)
+        return rss
+
+    def loopback(self) -> dict:
+        log("loopback: bench/deliveries.py")
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "bench.deliveries",
+                *(["--deliveries", "1000", "--samples", "50"] if self.args.quick else []),
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=True,
+        )
+        figures = json.loads(result.stdout.strip().splitlines()[-1])
+        return {"ratio": figures["ratio"], "latency_p50_ms": figures["latency_p50_ms"]}
+
+    # --- the whole run -------------------------------------------------------------------------
+
+    def run(self) -> dict:
+        os.environ.setdefault("BRAND_TEST_BACKENDS", "services")
+        from flask_migrate import upgrade
+
+        from app import create_app
+        from tests.backends import open_backends
+
+        backends = open_backends(self.workdir)
+        try:
+            env = {
+                "APP_ENV": "test",
+                "DATABASE_URL": backends.database_url,
+                "REDIS_URL": backends.redis_url,
+                "SECRET_KEY": "bench-secret-key",
+                "ENCRYPTION_KEY": base64.urlsafe_b64encode(b"x" * 32).decode(),
+            }
+            self.child_env = {**env, "PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(ROOT)}
+            receiver = self.processes.start(
+                "receiver",
+                [sys.executable, str(Path(__file__).resolve()), "--receiver"],
+                dict(os.environ),
+                stdout=subprocess.PIPE,
+            )
+            self.receiver_url = f"http://127.0.0.1:{int(receiver.stdout.readline())}"
+            self.app = create_app(env)
+            settings = self.app.extensions["settings"]
+            self.endpoint_concurrency = settings.webhook_endpoint_concurrency
+            self.timeout = settings.webhook_timeout
+            with self.app.app_context():
+                upgrade()
+            self.own_connections = self.connections() + 1
+            result = {
+                "webhook_concurrency": settings.webhook_concurrency,
+                "webhook_endpoint_concurrency": self.endpoint_concurrency,
+                "latency": self.latency(),
+                "neighbour": self.neighbour(),
+                "rss_hanging_mib": self.rss_hanging(),
+            }
+            self.processes.stop_all()
+        finally:
+            self.processes.stop_all()
+            backends.close()
+        result["loopback"] = self.loopback()
+        result["targets_met"] = (
+            result["latency"]["ratio"] >= 0.6
+            and result["neighbour"]["healthy_p99_ms"] < 100
+            and result["loopback"]["ratio"] >= 0.6
+            and result["loopback"]["latency_p50_ms"] < 20
+        )
+        return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run of each scenario")
+    parser.add_argument("--receiver", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.receiver:
+        asyncio.run(_serve_receiver())
+        return
+    args.endpoints = 40 if args.quick else 100
+    args.per_endpoint = 5 if args.quick else 20
+    args.events = 40 if args.quick else 200
+    args.rate = 20.0
+    args.hanging = 200 if args.quick else 1000
+    args.hanging_brands = 2 if args.quick else 5
+    exit_on_sigterm()
+    with tempfile.TemporaryDirectory(prefix="bench-receivers-") as directory:
+        processes = Processes(Path(directory))
+        try:
+            result = Bench(args, Path(directory), processes).run()
+        finally:
+            processes.stop_all()
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
