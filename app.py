@@ -8,6 +8,7 @@ import time
 from collections.abc import Mapping
 
 from flask import Flask, current_app, g, request
+from sqlalchemy import event
 from werkzeug.exceptions import RequestEntityTooLarge
 
 import models  # noqa: F401 - registers every model with the metadata before migrations read it
@@ -52,6 +53,8 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
     _configure_logging()
 
     db.init_app(app)
+    with app.app_context():
+        event.listen(db.engine, "do_connect", _name_connection)
     migrate.init_app(app, db, directory=os.path.join(app.root_path, "migrations"))
     app.register_blueprint(register_routes())
     app.register_blueprint(register_dashboard())
@@ -62,6 +65,13 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
     app.before_request(_start_request)
     app.after_request(_finish_request)
     return app
+
+
+def _name_connection(dialect, connection_record, cargs, cparams) -> None:
+    # pg_stat_activity then says which process holds each connection: what an operator sizing
+    # the pool (and a test bounding a worker's connections) needs. Set at connect, after any
+    # fork, so a gunicorn worker's connections carry its own pid. A URL's own name wins.
+    cparams.setdefault("application_name", f"brand-api pid={os.getpid()}")
 
 
 def _configure_logging() -> None:
