@@ -30,6 +30,7 @@ from services.endpoint_health import (
     disable_endpoint,
     disable_if_failing_too_long,
 )
+from services.psycopg_direct import fetch_all_on_psycopg, psycopg_sql
 
 JITTER = 0.10  # retries land within ±10% of the schedule (CONTRACT 6.2)
 # A receiver's Retry-After is honoured up to this (CONTRACT 8.6).
@@ -411,8 +412,9 @@ def settle_delivered(
     """Settle successful attempts in one statement where nothing else must change (the
     delivery still ours, its endpoint open and without failures to reset); the ids settled."""
     rows = [_attempt_row(delivery, outcome, None) for _, delivery, outcome in results]
-    settled = db.session.scalars(
-        _DELIVERED_AT_ONCE,
+    settled = fetch_all_on_psycopg(
+        db.session.connection(),
+        _DELIVERED_AT_ONCE_ON_PSYCOPG,
         {
             "now": now,
             "delivery_ids": [row["delivery_id"] for row in rows],
@@ -425,9 +427,9 @@ def settle_delivered(
             "response_bodies": [row["response_body"] for row in rows],
             "request_headers": [json.dumps(row["request_headers"]) for row in rows],
         },
-    ).all()
+    )
     db.session.commit()
-    return set(settled)
+    return {delivery_id for (delivery_id,) in settled}
 
 
 # A success with nothing else to change, for a whole batch: a CTE settles each delivery and
@@ -472,6 +474,9 @@ _DELIVERED_AT_ONCE = text(
     RETURNING delivery_id
     """.replace("{endpoint_is_open}", endpoint_is_open_sql("endpoint"))
 )
+# Run on psycopg directly: SQLAlchemy's work around an execution was about a third of the
+# statement's time in the worker, on the path from one attempt of an endpoint to its next.
+_DELIVERED_AT_ONCE_ON_PSYCOPG = psycopg_sql(_DELIVERED_AT_ONCE)
 
 
 def release_deliveries(claim: Claim, delivery_ids: list[str]) -> None:
