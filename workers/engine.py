@@ -96,10 +96,12 @@ class _Endpoint:
     asking: int = 0  # slots a claim in progress may fill
     in_flight: int = 0  # attempts on the wire
     waiting: deque[Waiting] = field(default_factory=deque)  # claimed ahead, not started
-    # Deliveries whose attempt is over and not recorded yet. Until they are, nothing more of
-    # the endpoint starts: their record may find it deleted or disabled (the rest must then
-    # not be sent), or open its breaker.
+    # Deliveries whose attempt is over and not recorded yet. Each still holds its slot: the
+    # record may find the endpoint deleted or disabled, and the rest must then not be sent.
     finished: set[str] = field(default_factory=set)
+    # Of those, the failed ones: until they are recorded (which may disable the endpoint or
+    # open its breaker) nothing more of it starts.
+    failures_unrecorded: int = 0
     wanting: bool = False  # may have due deliveries not claimed yet
     queued: bool = False  # in the queue for a slot
     failures: int = 0  # its run of failed attempts, as last seen
@@ -142,7 +144,10 @@ class DeliveryEngine:
         self._tasks: set[asyncio.Task] = set()
         self._claims = ThreadPoolExecutor(1, "delivery-claims", initializer=self._enter_app)
         self._delivered = _Lane(
-            ThreadPoolExecutor(1, "delivery-successes", initializer=self._enter_app),
+            # Its one statement is a transaction by itself: no BEGIN and COMMIT round trips.
+            ThreadPoolExecutor(
+                1, "delivery-successes", initializer=self._enter_app, initargs=(True,)
+            ),
             self._record_delivered,
         )
         self._others = _Lane(
@@ -200,12 +205,15 @@ class DeliveryEngine:
     async def _open_transport(self, url_policy: UrlPolicy) -> Transport:
         return Transport(policy=url_policy, timeout=self.timeout, lookups=self._lookups)
 
-    def _enter_app(self) -> None:
+    def _enter_app(self, autocommit: bool = False) -> None:
         """Each database thread keeps an app context and a session on a connection of its own
         for its life: no pool checkout, and so no pre-ping round trip, per transaction. A lost
         connection is replaced on the next use after the failed transaction's rollback."""
         self.app.app_context().push()
-        db.session.registry.set(Session(bind=db.engine.connect()))
+        connection = db.engine.connect()
+        if autocommit:
+            connection = connection.execution_options(isolation_level="AUTOCOMMIT")
+        db.session.registry.set(Session(bind=connection))
 
     def _spawn(self, coroutine) -> None:
         task = self._loop.create_task(coroutine)
@@ -230,12 +238,12 @@ class DeliveryEngine:
 
     def _endpoint_slots(self, state: _Endpoint) -> int:
         limit = slot_limit(state.failures, self.endpoint_limit)
-        return limit - state.in_flight - state.asking
+        return limit - state.in_flight - state.asking - len(state.finished)
 
     def _queue(self, endpoint_id: str, state: _Endpoint) -> None:
         """To the back of the queue for a slot, if it has work and a slot of its own free; an
         endpoint in a cool-down is woken when it ends."""
-        if state.queued or self._stopping or state.finished:
+        if state.queued or self._stopping or state.failures_unrecorded:
             return
         if not (state.waiting or state.wanting) or self._endpoint_slots(state) <= 0:
             return  # back when it is woken, or when an attempt of it ends
@@ -393,6 +401,8 @@ class DeliveryEngine:
         finally:
             self._in_flight -= 1
             state.in_flight -= 1
+            if outcome is not None and not outcome.succeeded:
+                state.failures_unrecorded += 1
             self._finish(state, claim, delivery, outcome)
             self._dispatch()  # a slot of the process is free
 
@@ -490,6 +500,8 @@ class DeliveryEngine:
         endpoint_id = claim.endpoint_id
         state = self._state(endpoint_id)
         state.finished.discard(delivery.id)
+        if outcome is not None and not outcome.succeeded:
+            state.failures_unrecorded -= 1
         if result is not None:
             if result.kept:
                 state.failures = result.consecutive_failures
