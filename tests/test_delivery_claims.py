@@ -8,12 +8,18 @@ from datetime import timedelta
 
 import psycopg
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 
 from extensions import db
-from models import WebhookDelivery, WebhookEndpoint
+from models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from models.columns import utcnow
-from services.delivery_attempts import claim_due_deliveries, release_deliveries
+from services.delivery_attempts import (
+    AttemptOutcome,
+    RetryPolicy,
+    claim_due_deliveries,
+    record_attempt,
+    release_deliveries,
+)
 from services.endpoint_health import PROBING_AFTER_FAILURES, disable_endpoint
 from services.endpoint_urls import UrlPolicy
 from services.events import publish_event
@@ -215,3 +221,26 @@ def test_nothing_is_claimed_ahead_for_a_failing_endpoint(app, endpoint_with_back
         db.session.commit()
         failing = claim(endpoint_with_backlog, 2, limit=2, ahead=6)
     assert failing.room == 2 and len(failing.deliveries) == 2
+
+
+def test_a_result_is_written_only_while_its_delivery_is_held(app, endpoint_with_backlog):
+    """A worker whose lease lapsed and was taken over finds its late result discarded; the
+    new holder's result is the one written."""
+    policy = RetryPolicy(schedule=(60,), disable_failures=15, disable_window=timedelta(days=3))
+    with app.app_context():
+        now = utcnow()
+        stale = claim(endpoint_with_backlog, 1, limit=1, now=now, owner="0000aaaa")
+        later = now + LEASE + timedelta(seconds=1)
+        current = claim(endpoint_with_backlog, 1, limit=1, now=later, owner="0000bbbb")
+        [delivery] = stale.deliveries
+        assert current.deliveries[0].id == delivery.id
+        success = AttemptOutcome(
+            requested_at=later, duration_ms=5, request_headers={}, http_status=200
+        )
+        late = record_attempt(stale, delivery, success, policy=policy, now=later)
+        on_time = record_attempt(current, current.deliveries[0], success, policy=policy, now=later)
+        attempts = db.session.scalar(
+            select(func.count()).where(WebhookAttempt.delivery_id == delivery.id)
+        )
+    assert not late.kept and on_time.kept
+    assert attempts == 1

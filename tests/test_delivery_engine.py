@@ -16,17 +16,23 @@ from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from itertools import pairwise
 
+import psycopg
 import pytest
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from extensions import db
 from models import WebhookDelivery
+from services.endpoint_urls import UrlPolicy
+from services.events import publish_event
+from services.webhook_endpoints import register_endpoint
 from tests import test_webhook_delivery as delivery
 from tests.receiver import Receiver, Reply
 from tests.test_webhook_delivery import logs, parse_time, poll, publish
 from workers.connection import redis_connection
 from workers.sweeper import SWEEP_LOCK
 from workers.transport import parse_retry_after
+
+LOCAL = UrlPolicy(https_only=False, allow_local=True)
 
 # The delivery tests' fixtures: a brand's API, and workers of a test's own.
 api = delivery.api
@@ -94,6 +100,88 @@ def test_a_backlog_does_not_keep_another_endpoints_single_event_waiting(
         assert during <= 10, f"{during} backlog attempts before the single event\n{logs(own)}"
     finally:
         busy.close()
+
+
+def test_a_brand_with_10000_due_deliveries_delays_another_brands_event_by_a_few_attempts(
+    app, make_brand, healthy, start_worker
+):
+    """The backlog's endpoints could fill every slot of the worker (four here), yet the other
+    brand's single event takes its turn among them instead of waiting for the backlog."""
+    busy = Receiver()
+    busy.default = Reply(delay=0.02)
+    try:
+        backlog_brand, single_brand = make_brand("Backlog Foods"), make_brand("Single Foods")
+        with app.app_context():
+            for number in range(5):
+                register_endpoint(
+                    brand_id=backlog_brand,
+                    url=f"{busy.url}/{number}",
+                    events=["escrow.released"],
+                    policy=LOCAL,
+                )
+            register_endpoint(
+                brand_id=single_brand, url=healthy.url, events=["deal.completed"], policy=LOCAL
+            )
+            db.session.commit()
+            for batch in range(20):
+                for number in range(100):
+                    publish_event(
+                        brand_id=backlog_brand,
+                        name="escrow.released",
+                        data={"n": batch * 100 + number},
+                    )
+                db.session.commit()
+            due = db.session.scalar(
+                select(func.count()).where(
+                    WebhookDelivery.brand_id == backlog_brand, WebhookDelivery.status == "pending"
+                )
+            )
+        assert due == 10_000
+        own = start_worker(WEBHOOK_CONCURRENCY="4")
+        busy.wait_for(40, timeout=30)
+
+        before = len(busy.received)
+        publish(app, single_brand, ("deal.completed", {"single": True}))
+        healthy.wait_for(1)
+        during = len(busy.received) - before
+
+        assert len(busy.received) < 5_000, logs(own)
+        assert during <= 10, f"{during} backlog attempts before the single event\n{logs(own)}"
+    finally:
+        busy.close()
+
+
+def test_a_busy_worker_holds_at_most_four_database_connections(
+    app, app_environ, api, brand, hanging, healthy, start_worker
+):
+    """Claims, successes and other outcomes each have a connection of their own, and the
+    sweeper one from the pool: however much is in flight (docs/webhooks.md, "Sizing")."""
+    for number in range(6):  # 18 of the brand's 20 endpoints
+        api.register(f"{healthy.url}/{number}", events=["deal.completed"])
+        api.register(f"{hanging.url}/{number}", events=["deal.completed"])
+    failing = Receiver()
+    failing.default = Reply(status=500)
+    try:
+        for number in range(6):
+            api.register(f"{failing.url}/{number}", events=["deal.completed"])
+        own = start_worker(WEBHOOK_TIMEOUT="1", WEBHOOK_SWEEP_INTERVAL="0.5")
+        url = app_environ["DATABASE_URL"].replace("postgresql+psycopg://", "postgresql://")
+        seen = []
+        with psycopg.connect(url, autocommit=True) as conn:
+            for number in range(60):
+                if number % 10 == 0:
+                    publish(app, brand, *(("deal.completed", {"n": n}) for n in range(20)))
+                seen.append(
+                    conn.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                        [f"brand-api pid={own.pid}"],
+                    ).fetchone()[0]
+                )
+                time.sleep(0.05)
+        assert len(failing.received) > 0 and len(healthy.received) > 0, logs(own)
+        assert 3 <= max(seen) <= 4, (seen, logs(own))
+    finally:
+        failing.close()
 
 
 def test_a_trickling_receiver_cannot_hold_an_attempt_past_the_timeout(
