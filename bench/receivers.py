@@ -5,13 +5,15 @@ process on PostgreSQL and Redis (see bench/README.md):
    before the worker starts. Rate = deliveries over the time from the first receipt to the last.
    Ceiling: every endpoint with its per-endpoint limit always in flight, all at once
    (endpoints x WEBHOOK_ENDPOINT_CONCURRENCY / 0.2 s). Target: ratio >= 0.6.
-2. neighbour: 10% of the endpoints never answer, the rest answer at once; events are published
-   at a steady rate, each fanning out to its brand's endpoints. The healthy endpoints' latency
-   from the publishing commit's return to receipt. Target: p99 < 100 ms.
+2. neighbour: 10% of the endpoints never answer, the rest answer at once; conversion postbacks
+   are recorded through the API (gunicorn, as `make run` serves it) at a steady rate, each
+   fanning out as `conversion.recorded` to its brand's twenty endpoints. The healthy
+   endpoints' latency from the API call's return to receipt. Target: p99 < 100 ms.
 3. loopback: bench/deliveries.py (a receiver that answers at once), run as it is. Targets:
    ratio >= 0.6, latency p50 < 20 ms.
-4. the worker's peak RSS and its database connections in 1 and 2, and `rss_hanging`: peak RSS
-   with 1,000 due deliveries to endpoints that never answer.
+4. the worker's peak RSS and the most database connections it held at once (sampled every
+   50 ms by its pid, which names each connection) in 1 and 2, and `rss_hanging`: peak RSS with
+   1,000 due deliveries to endpoints that never answer.
 
 Run from the repository root:  .venv/bin/python -m bench.receivers   (--quick: a smoke run)
 
@@ -33,18 +35,27 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import Processes, exit_on_sigterm, log, percentile  # noqa: E402
+from bench.common import (  # noqa: E402
+    Processes,
+    exit_on_sigterm,
+    log,
+    percentile,
+    start_gunicorn,
+)
 
-EVENT_NAME = "deal.completed"
+EVENT_NAME = "conversion.recorded"
 ENDPOINTS_PER_BRAND = 20  # services.webhook_endpoints.MAX_ENDPOINTS_PER_BRAND
 RECEIVER_DELAY_MS = 200
 SCENARIO_CAP_SECONDS = 120.0  # each scenario stops by itself after this
+# The API as `make run` serves it (scripts/run.py).
+MAKE_RUN_GUNICORN = ["--workers", "2", "--threads", "4", "--worker-class", "gthread"]
 
 _OK = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok"
 
@@ -139,11 +150,28 @@ class Bench:
 
     def start_worker(self, **settings: str) -> subprocess.Popen:
         env = {**self.child_env, **settings}
-        return self.processes.start(
+        worker = self.processes.start(
             "worker", [sys.executable, "-m", "flask", "--app", "app", "worker"], env
         )
+        self.peak_connections = 0
+        self.sampling = threading.Event()
+        threading.Thread(target=self.sample_connections, args=(worker.pid,), daemon=True).start()
+        return worker
+
+    def sample_connections(self, pid: int) -> None:
+        """The most connections the worker held at once (app.py names each by its pid)."""
+        import psycopg
+
+        with psycopg.connect(self.conninfo, autocommit=True) as conn:
+            while not self.sampling.wait(0.05):
+                count = conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                    [f"brand-api pid={pid}"],
+                ).fetchone()[0]
+                self.peak_connections = max(self.peak_connections, count)
 
     def stop_worker(self, worker: subprocess.Popen) -> None:
+        self.sampling.set()
         self.processes.stop(worker)
 
     def fresh_brands(self, behaviours: list[list[str]]) -> list[tuple[str, list[str]]]:
@@ -185,25 +213,10 @@ class Bench:
         return returned, ids
 
     def worker_figures(self, worker: subprocess.Popen) -> tuple[float, int]:
-        """(peak RSS in MiB, database connections of this database other than ours)."""
+        """(peak RSS in MiB, the most database connections it held at once)."""
         status = Path(f"/proc/{worker.pid}/status").read_text()
         peak_kib = next(int(line.split()[1]) for line in status.splitlines() if "VmHWM" in line)
-        return round(peak_kib / 1024, 1), self.connections() - self.own_connections
-
-    def connections(self) -> int:
-        from sqlalchemy import text
-
-        from extensions import db
-
-        with self.app.app_context():
-            count = db.session.scalar(
-                text(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                    " AND pid <> pg_backend_pid()"
-                )
-            )
-            db.session.remove()
-        return count
+        return round(peak_kib / 1024, 1), self.peak_connections
 
     def wait_for(self, delivery_ids: list[str], what: str) -> dict[str, float]:
         deadline = time.monotonic() + SCENARIO_CAP_SECONDS
@@ -257,38 +270,50 @@ class Bench:
                 for _ in range(self.args.endpoints // ENDPOINTS_PER_BRAND)
             ]
         )
+        keys = self.api_keys([brand for brand, _ in brands])
         worker = self.start_worker()
         time.sleep(2)  # started and listening
         from sqlalchemy import select
+        from sqlalchemy.dialects.postgresql import JSONB
 
         from extensions import db
-        from models import WebhookDelivery
+        from models import WebhookDelivery, WebhookEvent
 
-        published: list[tuple[float, list[str]]] = []
+        returned_at: dict[str, float] = {}  # conversion id -> when its API call returned
         interval = 1 / self.args.rate
-        log(f"neighbour: {self.args.events} events at {self.args.rate}/s, 10% hanging endpoints")
+        log(f"neighbour: {self.args.events} postbacks at {self.args.rate}/s, 10% hanging endpoints")
         next_at = time.monotonic()
         for number in range(self.args.events):
             brand, _ = brands[number % len(brands)]
-            published.append(self.publish(brand, 1))
+            response = self.http.post(
+                f"{self.api_url}/api/v1/brand/{brand}/conversion/record-postback",
+                headers={"X-Api-Key": keys[brand], "Idempotency-Key": f"bench-order-{number:06}"},
+                json={"eventType": "purchase", "valueMinor": 1000 + number, "currency": "NGN"},
+                timeout=10,
+            )
+            returned = time.monotonic()
+            if response.status_code != 201:
+                raise RuntimeError(f"postback answered {response.status_code}: {response.text}")
+            returned_at[response.json()["data"]["conversionId"]] = returned
             next_at += interval
             time.sleep(max(0.0, next_at - time.monotonic()))
         healthy_endpoints = {e for _, endpoints in brands for e in endpoints[hanging_per_brand:]}
         with self.app.app_context():
-            endpoint_of = dict(
-                db.session.execute(
-                    select(WebhookDelivery.id, WebhookDelivery.endpoint_id).where(
-                        WebhookDelivery.id.in_([d for _, ids in published for d in ids])
-                    )
-                ).all()
-            )
+            # conversion.recorded's data is the stored conversion: its id is the event's data.id.
+            conversion_of_event = WebhookEvent.body.cast(JSONB)["data"]["id"].astext
+            rows = db.session.execute(
+                select(WebhookDelivery.id, WebhookDelivery.endpoint_id, conversion_of_event)
+                .join(WebhookEvent, WebhookEvent.id == WebhookDelivery.event_id)
+                .where(WebhookDelivery.brand_id.in_([brand for brand, _ in brands]))
+            ).all()
             db.session.remove()
         healthy = [
-            (returned, d)
-            for returned, ids in published
-            for d in ids
-            if endpoint_of[d] in healthy_endpoints
+            (returned_at[conversion_id], delivery_id)
+            for delivery_id, endpoint_id, conversion_id in rows
+            if endpoint_id in healthy_endpoints
         ]
+        if len(healthy) != len(returned_at) * len(healthy_endpoints) // len(brands):
+            raise RuntimeError(f"neighbour: {len(healthy)} deliveries to healthy endpoints")
         receipts = self.wait_for([d for _, d in healthy], "neighbour")
         rss, connections = self.worker_figures(worker)
         self.stop_worker(worker)
@@ -302,6 +327,21 @@ class Bench:
             "worker_peak_rss_mib": rss,
             "worker_db_connections": connections,
         }
+
+    def api_keys(self, brand_ids: list[str]) -> dict[str, str]:
+        from extensions import db
+        from services.api_keys import create_api_key
+
+        with self.app.app_context():
+            keys = {
+                brand: create_api_key(
+                    brand_id=brand, name="bench", scopes=("read",), created_by="bench"
+                ).secret
+                for brand in brand_ids
+            }
+            db.session.commit()
+            db.session.remove()
+        return keys
 
     def rss_hanging(self) -> float:
         brands = self.fresh_brands(
@@ -368,7 +408,14 @@ class Bench:
             self.timeout = settings.webhook_timeout
             with self.app.app_context():
                 upgrade()
-            self.own_connections = self.connections() + 1
+            self.conninfo = backends.database_url.replace("postgresql+psycopg://", "postgresql://")
+            self.api_url, _ = start_gunicorn(
+                self.processes,
+                "gunicorn",
+                "app:create_app()",
+                self.child_env,
+                [*MAKE_RUN_GUNICORN, "--config", str(ROOT / "gunicorn.conf.py")],
+            )
             result = {
                 "webhook_concurrency": settings.webhook_concurrency,
                 "webhook_endpoint_concurrency": self.endpoint_concurrency,
