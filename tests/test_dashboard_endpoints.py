@@ -256,6 +256,61 @@ def test_register_works_as_a_plain_form(app, client, brand, write_key):
     assert "http://localhost:8000/hooks" in page.split('id="endpoint-rows"')[1]
 
 
+def test_register_keeps_a_description_and_says_which_event_names_were_dropped(
+    app, client, brand, write_key
+):
+    """CONTRACT 10: the answer names what registration dropped (a form sends only known names,
+    but a crafted or stale one may not), and the description tells endpoints apart."""
+    token = sign_in(client, write_key)
+    response = client.post(
+        "/dashboard/endpoints",
+        data={
+            "url": "http://127.0.0.1:8123/hooks",
+            "description": "Orders service, staging",
+            "events": ["deal.completed", "deal.finished"],
+        },
+        headers=htmx(token),
+    )
+    assert response.status_code == 201
+    fragment = _text(response)
+    notice = fragment.split("data-dropped-events>")[1].split("</p>")[0]
+    assert "<code>deal.finished</code>" in notice and "deal.completed" not in notice
+    assert "Orders service, staging" in fragment.split('id="endpoint-rows"')[1]
+    [endpoint_id] = re.findall(r'id="endpoint-(whe_\w+)"', fragment)
+    assert _endpoint_row(app, endpoint_id).description == "Orders service, staging"
+    assert "Orders service, staging" in _text(client.get(f"/dashboard/endpoints/{endpoint_id}"))
+    assert "Orders service, staging" in _text(client.get("/dashboard/deliveries"))
+    assert "Orders service, staging" in _text(client.get("/dashboard/"))
+
+
+def test_edit_changes_and_clears_the_description(app, client, brand, write_key):
+    endpoint_id, _ = _register(app, brand)
+    token = sign_in(client, write_key)
+    fields = {"url": "http://127.0.0.1:9/hooks", "events": ["deal.completed"]}
+    response = client.post(
+        f"/dashboard/endpoints/{endpoint_id}",
+        data=fields | {"description": "Billing"},
+        headers=htmx(token),
+    )
+    assert response.status_code == 200
+    assert "Billing" in _text(response).split('id="endpoint-summary"')[1]
+    assert _endpoint_row(app, endpoint_id).description == "Billing"
+    response = client.post(
+        f"/dashboard/endpoints/{endpoint_id}",
+        data=fields | {"description": "bad\x07bell"},
+        headers=htmx(token),
+    )
+    assert response.status_code == 422
+    assert "Must not contain control characters" in _text(response)
+    assert _endpoint_row(app, endpoint_id).description == "Billing"
+    client.post(
+        f"/dashboard/endpoints/{endpoint_id}",
+        data=fields | {"description": ""},
+        headers=htmx(token),
+    )
+    assert _endpoint_row(app, endpoint_id).description is None
+
+
 @pytest.mark.parametrize(
     ("fields", "field", "message"),
     [

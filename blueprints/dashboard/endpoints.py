@@ -85,7 +85,7 @@ def _list_context(**extra) -> dict:
         "event_groups": EVENT_GROUPS,
         "test_event": TEST_EVENT,
         "url_policy": current_url_policy(),
-        "form": {"url": "", "events": list(DEFAULT_SUBSCRIPTION)},
+        "form": {"url": "", "description": "", "events": list(DEFAULT_SUBSCRIPTION)},
         "errors": {},
     }
     return context | extra
@@ -104,10 +104,7 @@ def create_endpoint():
     try:
         fields = load_form(_register_form)
         issued = register_endpoint(
-            brand_id=current_caller().brand_id,
-            url=fields["url"],
-            events=fields["events"],
-            policy=current_url_policy(),
+            brand_id=current_caller().brand_id, policy=current_url_policy(), **fields
         )
     except ValidationFailed as error:
         db.session.rollback()
@@ -130,7 +127,11 @@ def create_endpoint():
 
 
 def _submitted_form() -> dict:
-    return {"url": request.form.get("url", ""), "events": request.form.getlist("events")}
+    return {
+        "url": request.form.get("url", ""),
+        "description": request.form.get("description", ""),
+        "events": request.form.getlist("events"),
+    }
 
 
 # ---- one endpoint ----
@@ -145,8 +146,13 @@ def _detail_context(record, **extra) -> dict:
         "event_groups": EVENT_GROUPS,
         "test_event": TEST_EVENT,
         "url_policy": current_url_policy(),
-        "form": {"url": endpoint["url"], "events": endpoint["events"]},
+        "form": {
+            "url": endpoint["url"],
+            "description": endpoint["description"],
+            "events": endpoint["events"],
+        },
         "errors": {},
+        "dropped_events": [],
         "rotated": None,
         "queued": None,
     }
@@ -214,7 +220,7 @@ def edit_endpoint(endpoint_id: str):
     return render(
         "dashboard/endpoint.html",
         fragment="dashboard/_endpoint_edited.html",
-        **_detail_context(record),
+        **_detail_context(record, dropped_events=record.dropped_events),
     )
 
 
