@@ -177,6 +177,15 @@ class DeliverySchema(ApiSchema):
             "retry fails or the endpoint is disabled or deleted (`failed`)."
         },
     )
+    retrying = fields.Boolean(
+        attribute="is_retrying",
+        metadata={
+            "description": "True while the delivery is `pending` after a failed attempt: its "
+            "endpoint is failing, and the next attempt is at `nextRetryAt`. It stays `pending` "
+            "through the whole retry schedule (about 27 hours by default) and only then turns "
+            "`failed`, so look for this, not `status=failed`, to see deliveries failing now."
+        },
+    )
     http_status = fields.Integer(
         allow_none=True, metadata={"description": "The receiver's answer to the last attempt."}
     )
@@ -222,6 +231,12 @@ class DeliveryDetailSchema(DeliverySchema):
 
 class DeliveryQuerySchema(SortedPageQuerySchema):
     status = fields.String(validate=validate.OneOf(DELIVERY_STATUSES))
+    retrying = fields.Boolean(
+        metadata={
+            "description": "`true`: only deliveries still `pending` after a failed attempt "
+            "(their endpoint is failing now); `false`: every other delivery."
+        }
+    )
     event_name = fields.String(validate=validate.OneOf(EVENT_NAMES))
     endpoint_id = fields.String(
         validate=validate.Length(min=1, max=64),

@@ -141,20 +141,6 @@ def list_endpoints(brand_id: str) -> list[WebhookEndpoint]:
     )
 
 
-def endpoints_needing_attention_first(endpoints: list[WebhookEndpoint]) -> list[WebhookEndpoint]:
-    """Disabled endpoints first, then failing ones (most failures first), then the healthy, each
-    group in its given order: what the dashboard's overview shows."""
-
-    def urgency(endpoint: WebhookEndpoint) -> tuple[int, int]:
-        if endpoint.disabled_at is not None:
-            return (0, 0)
-        if endpoint.consecutive_failures:
-            return (1, -endpoint.consecutive_failures)
-        return (2, 0)
-
-    return sorted(endpoints, key=urgency)
-
-
 def get_endpoint(brand_id: str, endpoint_id: str, *, for_update: bool = False) -> WebhookEndpoint:
     """:raise NotFound: no such endpoint in this brand, or it was deleted."""
     statement = select(WebhookEndpoint).where(

@@ -165,10 +165,13 @@ def test_the_log_lists_each_delivery_newest_first(app, client, brand, read_key):
     shown = shown.replace("/", "/<wbr>")  # it wraps after a slash, not inside a word
     assert f'href="/dashboard/endpoints/{endpoint_id}" title="{DOWN_URL}">{shown}</a>' in delivered
     assert f'href="/dashboard/deliveries/{first}">Details</a>' in delivered
+    # Pending after a failed attempt: shown as retrying, with what failed and when it is next.
     retrying = _row(page, second)
-    assert 'status-pending">pending' in retrying
+    assert 'data-status="pending" data-retrying' in retrying
+    assert 'status-retrying"' in retrying and ">retrying</span>" in retrying
     assert "HTTP 503" in retrying  # the last error
-    assert "retry <time datetime=" in retrying.rsplit("HTTP 503", 1)[1]  # and when it is due
+    note = retrying.rsplit("HTTP 503", 1)[1]
+    assert "1 attempt failed · next retry <time datetime=" in note  # and when it is due
     assert 'status-pending">pending' in _row(page, third)
     assert "<td>0</td>" in _row(page, third)  # no attempt yet
 
@@ -192,6 +195,8 @@ def test_every_filter_sort_and_page(app, client, brand, read_key):
     assert set(rows("status=failed")) == {escrow[0], escrow[2]}
     assert rows("status=delivered") == [deals[0]]
     assert len(rows("status=pending")) == 7
+    assert rows("retrying=true") == []
+    assert len(rows("retrying=false")) == 10
     assert set(rows("eventName=deal.completed")) == set(deals)
     assert rows("eventName=webhook.test") == []
     assert set(rows(f"endpointId={endpoint_id}")) == to_endpoint
@@ -407,7 +412,8 @@ def test_a_delivery_shows_each_attempt_with_its_answer(app, client, brand, read_
     _attempt(app, endpoint_id, {delivery_id: (500, '{"error": "<db down>"}', None)}, retry=True)
     token = sign_in(client, read_key)
     page = _text(client.get(f"/dashboard/deliveries/{delivery_id}"))
-    assert 'status-pending">pending' in page
+    assert '<h2>Status <span class="status status-retrying"' in page
+    assert 'Its endpoint is failing: <span class="retry-note">1 attempt failed · next retry' in page
     assert "Attempt 1" in page and "HTTP 500" in page and "137 ms" in page
     assert "{&#34;error&#34;: &#34;&lt;db down&gt;&#34;}" in page  # the response body, escaped
     assert "Next retry</dt><dd><time" in page

@@ -7,8 +7,10 @@ import time
 from datetime import timedelta
 
 import pytest
+from sqlalchemy import update
 
 from extensions import db
+from models import WebhookDelivery
 from models.columns import utcnow
 from services.events import publish_event
 from tests.helpers import assert_error, assert_success
@@ -22,6 +24,7 @@ DELIVERY_FIELDS = {
     "eventId",
     "eventName",
     "status",
+    "retrying",
     "httpStatus",
     "attemptCount",
     "lastError",
@@ -238,6 +241,44 @@ def test_filters_by_status_event_and_endpoint(app, client, brand, write_key, rea
     assert meta["total"] == 2
 
 
+def test_retrying_finds_the_pending_deliveries_whose_endpoint_is_failing(
+    app, client, brand, write_key, read_key
+):
+    """A failing delivery stays `pending` for up to a day: `status=failed` does not find it,
+    `retrying=true` does, and says so on each record."""
+    register(client, brand, write_key)
+    failing, waiting, settled = publish(app, brand), publish(app, brand), publish(app, brand)
+    with app.app_context():
+        db.session.execute(
+            update(WebhookDelivery)
+            .where(WebhookDelivery.id == failing[0])
+            .values(
+                attempt_count=2,
+                http_status=503,
+                last_error="HTTP 503",
+                next_attempt_at=utcnow() + timedelta(minutes=30),
+            )
+        )
+        db.session.execute(
+            update(WebhookDelivery)
+            .where(WebhookDelivery.id == settled[0])
+            .values(status="failed", attempt_count=8, last_error="HTTP 503")
+        )
+        db.session.commit()
+
+    assert ids(client, brand, read_key, status="failed") == settled
+    assert ids(client, brand, read_key, retrying="true") == failing
+    assert ids(client, brand, read_key, status="pending", retrying="false") == waiting
+    assert sorted(ids(client, brand, read_key, retrying="false")) == sorted(waiting + settled)
+    records = {item["id"]: item for item in fetch_page(client, brand, read_key)[0]}
+    assert records[failing[0]]["retrying"] is True
+    assert records[failing[0]]["status"] == "pending"  # CONTRACT 6.2: the status is kept
+    assert records[failing[0]]["nextRetryAt"].endswith("Z")
+    assert records[waiting[0]]["retrying"] is False
+    assert records[settled[0]]["retrying"] is False
+    assert detail(client, brand, read_key, failing[0])["retrying"] is True
+
+
 def test_filtering_by_an_unknown_or_foreign_endpoint_finds_nothing(
     app, client, brand, write_key, make_brand, make_key
 ):
@@ -273,6 +314,7 @@ def test_the_log_shows_only_the_calling_brands_deliveries(
         ({"limit": "ten"}, "limit"),
         ({"status": "done"}, "status"),
         ({"status": ""}, "status"),
+        ({"retrying": "sometimes"}, "retrying"),
         ({"eventName": "deal.finished"}, "eventName"),
         ({"sortOrder": "newest"}, "sortOrder"),
         ({"color": "blue"}, "color"),
@@ -436,12 +478,14 @@ def test_the_log_records_a_failed_attempt_and_the_successful_retry(
         assert after_failure["httpStatus"] == 500
         assert after_failure["lastError"]
         assert after_failure["nextRetryAt"] is not None
+        assert after_failure["retrying"] is True
 
     assert delivered["status"] == "delivered", output
     assert delivered["attemptCount"] == 2
     assert delivered["httpStatus"] == 200
     assert delivered["deliveredAt"].endswith("Z")
     assert delivered["nextRetryAt"] is None
+    assert delivered["retrying"] is False
     failed, succeeded = delivered["attempts"]
     assert set(failed) >= ATTEMPT_FIELDS
     assert [failed["attemptNumber"], succeeded["attemptNumber"]] == [1, 2]

@@ -40,11 +40,12 @@ from services.signing import DELIVERY_HEADER, EVENT_HEADER, SIGNATURE_HEADER, TI
 from services.webhook_endpoints import list_endpoints
 
 # The query parameters of fetchWebhookDeliveries a page keeps (`limit` too; links add `page`).
-FILTERS = ("status", "eventName", "endpointId", "sortOrder")
+FILTERS = ("status", "retrying", "eventName", "endpointId", "sortOrder")
 # Those that narrow the list (an empty list with one of them set is "nothing matches").
-NARROWING = ("status", "eventName", "endpointId")
+NARROWING = ("status", "retrying", "eventName", "endpointId")
 FILTER_LABELS = {
     "status": "Status",
+    "retrying": "Retrying",
     "eventName": "Event",
     "endpointId": "Endpoint",
     "sortOrder": "Order",
