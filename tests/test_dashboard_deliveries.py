@@ -514,9 +514,13 @@ def test_redeliver_works_as_a_plain_form(app, client, brand, write_key):
     response = client.post(
         f"/dashboard/deliveries/{original}/redeliver", data={"csrf_token": token}
     )
-    assert response.status_code == 202
-    page = _text(response)
-    assert "<html" in page and "Redelivery queued as delivery" in page
+    # To the new delivery's page: reloading it reads it, and queues nothing more.
+    assert response.status_code == 303
+    new_id = response.headers["Location"].removeprefix("/dashboard/deliveries/")
+    assert new_id.startswith("whd_") and new_id != original
+    page = _text(client.get(response.headers["Location"]))
+    assert "<html" in page and f"Redelivery queued: this is the new delivery of {original}" in page
+    _text(client.get(response.headers["Location"]))
     assert _count_deliveries(app) == 2
 
 

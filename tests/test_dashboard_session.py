@@ -85,7 +85,7 @@ def test_state_changes_need_the_csrf_token(client, write_key):
     response = client.post(
         "/dashboard/keys", data={"name": "ci", "scopes": ["read"], "csrf_token": token}
     )
-    assert response.status_code == 201
+    assert response.status_code == 303
 
 
 def test_sign_in_itself_needs_the_csrf_token(client, write_key):

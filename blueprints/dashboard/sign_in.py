@@ -1,13 +1,14 @@
 """Signing in and out: with an API key, or with brand id + bootstrap token to mint the first key
-(CONTRACT section 7)."""
+(CONTRACT section 7). A successful post is answered with a 303, so a reload never posts again
+(the first key's secret reaches the page after it once, `one_time`)."""
 
 from __future__ import annotations
 
 from flask import flash, redirect, request, url_for
 
-from blueprints.dashboard import dashboard
+from blueprints.dashboard import dashboard, one_time
 from blueprints.dashboard.rendering import load_form, render
-from blueprints.dashboard.session import end_session, safe_next, start_session
+from blueprints.dashboard.session import end_session, safe_next, signed_in, start_session
 from extensions import db
 from models import credentials
 from schemas.api_keys import IssuedApiKeySchema
@@ -23,6 +24,7 @@ from services.errors import Forbidden, NotFound, Unauthorized, ValidationFailed
 
 _issued_key = IssuedApiKeySchema()
 _bootstrap_form = BootstrapSignInSchema()
+FIRST_KEY = "first-key"
 
 
 @dashboard.get("/sign-in")
@@ -34,6 +36,16 @@ def sign_in():
 def sign_in_with_key():
     secret = request.form.get("apiKey", "").strip()
     next_page = request.form.get("next", "")
+    if secret.startswith(credentials.BOOTSTRAP_TOKEN_PREFIX):
+        # Support's token mints a first key; it never signs in. Say where it goes instead.
+        return render(
+            "dashboard/sign_in.html",
+            status=401,
+            error="That is a bootstrap token, not an API key: it cannot sign in. Use it to "
+            "create your brand's first key.",
+            bootstrap_token_pasted=True,
+            next=next_page,
+        )
     try:
         caller = authenticate_api_key(secret)
     except Unauthorized as error:
@@ -84,7 +96,19 @@ def create_first_key():
         Caller(brand_id=issued.record.brand_id, scopes=frozenset(), key_id=key["id"]),
         issued.record.key_prefix,
     )
-    return render("dashboard/first_key_issued.html", status=201, key=key)
+    one_time.stash(FIRST_KEY, key)
+    return redirect(url_for("dashboard.first_key_created"), code=303)
+
+
+@dashboard.get("/first-key/created")
+@signed_in()
+def first_key_created():
+    """The first key's secret, once; a reload finds it gone and goes on to the dashboard."""
+    key = one_time.take(FIRST_KEY)
+    if key is None:
+        flash("You are signed in with your new key; its secret was shown once.", "info")
+        return redirect(url_for("dashboard.overview"), code=303)
+    return render("dashboard/first_key_issued.html", key=key)
 
 
 @dashboard.post("/sign-out")
