@@ -7,7 +7,7 @@ from marshmallow import fields, validate
 from models.event_catalog import DEFAULT_SUBSCRIPTION, EVENT_NAMES
 from models.webhook_delivery import DELIVERY_STATUSES, RESPONSE_BODY_MAX_BYTES
 from models.webhook_endpoint import DESCRIPTION_MAX_LENGTH, URL_MAX_LENGTH
-from schemas.base import ApiSchema, OptionalText, Timestamp
+from schemas.base import ApiSchema, OptionalText, ResourceId, Timestamp
 from schemas.envelope import SortedPageQuerySchema
 
 ENDPOINT_ID_EXAMPLE = "whe_01jd3kr7s9t1v3w5x7y9z1a3b5"
@@ -238,6 +238,14 @@ class DeliveryQuerySchema(SortedPageQuerySchema):
         }
     )
     event_name = fields.String(validate=validate.OneOf(EVENT_NAMES))
+    event_id = ResourceId(
+        "evt",
+        "event",
+        metadata={
+            "description": "Only the deliveries of this event (`evt_…`, the `id` of an event's "
+            "body): one per endpoint it reached, and its redeliveries."
+        },
+    )
     endpoint_id = fields.String(
         validate=validate.Length(min=1, max=64),
         metadata={"description": "Only this endpoint's deliveries."},

@@ -159,7 +159,9 @@ def test_the_log_lists_each_delivery_newest_first(app, client, brand, read_key):
     assert _rows(page) == [third, second, first]
     assert "3 deliveries" in page
     delivered = _row(page, first)
-    assert 'status-delivered">delivered' in delivered and "<td>200</td>" in delivered
+    assert (
+        'status-delivered">delivered' in delivered and '<td data-label="HTTP">200</td>' in delivered
+    )
     # The row names the endpoint without the scheme every row would repeat; the title has it all.
     shown = DOWN_URL.removeprefix("http://")
     shown = shown.replace("/", "/<wbr>")  # it wraps after a slash, not inside a word
@@ -173,7 +175,7 @@ def test_the_log_lists_each_delivery_newest_first(app, client, brand, read_key):
     note = retrying.rsplit("HTTP 503", 1)[1]
     assert "1 attempt failed · next retry <time datetime=" in note  # and when it is due
     assert 'status-pending">pending' in _row(page, third)
-    assert "<td>0</td>" in _row(page, third)  # no attempt yet
+    assert '<td data-label="Attempts">0</td>' in _row(page, third)  # no attempt yet
 
 
 def test_every_filter_sort_and_page(app, client, brand, read_key):
@@ -335,7 +337,7 @@ def test_a_pending_row_polls_until_it_settles(app, client, brand, read_key):
     settled = _text(client.get(f"/dashboard/deliveries/{pending}/row?polls=2", headers=htmx(token)))
     tag = _row_tag(settled, pending)
     assert "hx-get" not in tag and "hx-trigger" not in tag and 'data-status="delivered"' in tag
-    assert 'status-delivered">delivered' in settled and "<td>200</td>" in settled
+    assert 'status-delivered">delivered' in settled and '<td data-label="HTTP">200</td>' in settled
     assert DOWN_URL in settled  # the endpoint cell is the same as the list's
 
 

@@ -174,7 +174,7 @@ def test_list_shows_each_endpoints_state_and_never_a_secret(app, client, brand, 
     assert "status-active" in rows[healthy]
     assert f'href="/dashboard/endpoints/{healthy}"' in rows[healthy]
     assert "status-failing" in rows[failing]
-    assert "<td>4</td>" in rows[failing]
+    assert '<td data-label="Failures in a row">4</td>' in rows[failing]
     assert "3 subscribed" in rows[failing]
     assert "status-disabled" in rows[disabled]
     assert "Disabled through update-endpoint" in rows[disabled]

@@ -157,7 +157,9 @@ def test_revoke_another_key_keeps_the_session(app, client, brand, write_key, mak
     make_key(brand, name="old-service")
     token = sign_in(client, write_key)
     page = client.get("/dashboard/keys").get_data(as_text=True)
-    old_id = re.search(r'<tr id="key-(key_[^"]+)">\s*<td>old-service', page).group(1)
+    old_id = re.search(
+        r'<tr id="key-(key_[^"]+)">\s*<td data-label="Name">old-service', page
+    ).group(1)
     response = client.post(f"/dashboard/keys/{old_id}/revoke", headers=htmx(token))
     assert response.status_code == 200
     fragment = response.get_data(as_text=True)
@@ -260,7 +262,9 @@ def test_revoking_without_javascript_asks_on_a_page_first(app, client, brand, wr
     make_key(brand, name="old-service")
     token = sign_in(client, write_key)
     page = client.get("/dashboard/keys").get_data(as_text=True)
-    old_id = re.search(r'<tr id="key-(key_[^"]+)">\s*<td>old-service', page).group(1)
+    old_id = re.search(
+        r'<tr id="key-(key_[^"]+)">\s*<td data-label="Name">old-service', page
+    ).group(1)
     # The button is a GET form: without JavaScript it opens the question, changing nothing.
     assert f'<form method="get" action="/dashboard/keys/{old_id}/revoke"' in page
     question = client.get(f"/dashboard/keys/{old_id}/revoke")

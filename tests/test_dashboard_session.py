@@ -177,6 +177,6 @@ def test_production_cookies_are_secure(app_environ):
 
 
 def _key_id_of(page: str, name: str) -> str:
-    row = re.search(r'<tr id="key-(key_[^"]+)">\s*<td>' + re.escape(name), page)
+    row = re.search(r'<tr id="key-(key_[^"]+)">\s*<td data-label="Name">' + re.escape(name), page)
     assert row, page
     return row.group(1)

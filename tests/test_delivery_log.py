@@ -497,3 +497,27 @@ def test_the_log_records_a_failed_attempt_and_the_successful_retry(
 
     listed = ids(client, brand, write_key, status="delivered")
     assert listed == [delivery_id]
+
+
+def test_event_id_finds_an_events_deliveries_and_redeliveries(app, client, brand, write_key):
+    register(client, brand, write_key)
+    register(client, brand, write_key)
+    first = publish(app, brand, now=utcnow() - timedelta(minutes=10))
+    publish(app, brand)
+    again = assert_success(redeliver(client, brand, write_key, first[0]), 202)["deliveryId"]
+    event_id = detail(client, brand, write_key, first[0])["eventId"]
+    assert sorted(ids(client, brand, write_key, eventId=event_id)) == sorted([*first, again])
+    assert ids(client, brand, write_key, eventId=event_id, endpointId="whe_none") == []
+    assert ids(client, brand, write_key, eventId="evt_01jd3kw3x5y7z9a1b3c5d7e9f1") == []
+    response = fetch(client, brand, write_key, eventId=first[0])  # a delivery id, not an event's
+    assert "eventId" in assert_error(response, 400, "VALIDATION_ERROR")["errors"]
+
+
+def test_event_id_of_another_brands_event_finds_nothing(
+    app, client, brand, write_key, make_brand, make_key
+):
+    other = make_brand("Other")
+    register(client, other, make_key(other))
+    [theirs] = publish(app, other)
+    event_id = detail(client, other, make_key(other), theirs)["eventId"]
+    assert ids(client, brand, write_key, eventId=event_id) == []

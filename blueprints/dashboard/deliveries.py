@@ -40,13 +40,14 @@ from services.signing import DELIVERY_HEADER, EVENT_HEADER, SIGNATURE_HEADER, TI
 from services.webhook_endpoints import list_endpoints
 
 # The query parameters of fetchWebhookDeliveries a page keeps (`limit` too; links add `page`).
-FILTERS = ("status", "retrying", "eventName", "endpointId", "sortOrder")
+FILTERS = ("status", "retrying", "eventName", "eventId", "endpointId", "sortOrder")
 # Those that narrow the list (an empty list with one of them set is "nothing matches").
-NARROWING = ("status", "retrying", "eventName", "endpointId")
+NARROWING = ("status", "retrying", "eventName", "eventId", "endpointId")
 FILTER_LABELS = {
     "status": "Status",
     "retrying": "Retrying",
     "eventName": "Event",
+    "eventId": "Event id",
     "endpointId": "Endpoint",
     "sortOrder": "Order",
     "page": "Page",
