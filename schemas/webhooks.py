@@ -100,7 +100,10 @@ class EndpointSchema(ApiSchema):
             "example": "Orders service, production",
         },
     )
-    events = fields.List(fields.String(validate=validate.OneOf(EVENT_NAMES)))
+    events = fields.List(
+        fields.String(validate=validate.OneOf(EVENT_NAMES)),
+        metadata={"example": list(DEFAULT_SUBSCRIPTION)},
+    )
     is_active = fields.Boolean(
         metadata={"description": "False once disabled (by failures or by update-endpoint)."}
     )
@@ -169,7 +172,9 @@ class DeliverySchema(ApiSchema):
             "example": "evt_01jd3kw3x5y7z9a1b3c5d7e9f1",
         }
     )
-    event_name = fields.String(validate=validate.OneOf(EVENT_NAMES))
+    event_name = fields.String(
+        validate=validate.OneOf(EVENT_NAMES), metadata={"example": "deal.completed"}
+    )
     status = fields.String(
         validate=validate.OneOf(DELIVERY_STATUSES),
         metadata={
@@ -183,7 +188,8 @@ class DeliverySchema(ApiSchema):
             "description": "True while the delivery is `pending` after a failed attempt: its "
             "endpoint is failing, and the next attempt is at `nextRetryAt`. It stays `pending` "
             "through the whole retry schedule (about 27 hours by default) and only then turns "
-            "`failed`, so look for this, not `status=failed`, to see deliveries failing now."
+            "`failed`, so look for this, not `status=failed`, to see deliveries failing now.",
+            "example": False,
         },
     )
     http_status = fields.Integer(
