@@ -209,8 +209,8 @@ def test_a_bootstrap_token_pasted_as_an_api_key_points_to_the_first_key_page(
     response = client.post(
         "/dashboard/sign-in", data={"apiKey": bootstrap, "csrf_token": csrf_token(client)}
     )
-    assert response.status_code == 401
-    page = response.get_data(as_text=True)
+    assert response.status_code == 303
+    page = client.get(response.headers["Location"]).get_data(as_text=True)
     assert "That is a bootstrap token, not an API key" in page
     error = page.split('id="apiKey-error">')[1].split("</p>")[0]
     assert '<a href="/dashboard/first-key">Create your brand' in error

@@ -96,7 +96,7 @@ def test_another_brands_or_an_unknown_id_is_not_found(
         ("endpoint", "endpoint"),
     ]:
         response = client.get("/dashboard/search", query_string={"q": theirs[kind]})
-        assert response.status_code == 404, kind
+        assert response.status_code == 200, kind
         page = response.get_data(as_text=True)
         assert f"No {name} with id {theirs[kind]} in this brand." in page
         assert f'value="{theirs[kind]}"' in page  # what was typed stays, to correct it
@@ -106,7 +106,7 @@ def test_another_brands_or_an_unknown_id_is_not_found(
 def test_something_that_is_not_a_searchable_id_says_what_is(client, brand, read_key, query):
     sign_in(client, read_key)
     response = client.get("/dashboard/search", query_string={"q": query})
-    assert response.status_code == 400
+    assert response.status_code == 200
     assert "paste a delivery (whd_…), event (evt_…), conversion (conv_…)" in response.get_data(
         as_text=True
     )

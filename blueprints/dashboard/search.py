@@ -2,7 +2,8 @@
 support ticket): a delivery, an event, a conversion or an endpoint of the session's brand.
 
 A known id of the brand goes straight to its page (an event to its deliveries); anything else
-stays on the search page with what was wrong, and never reveals another brand's records.
+stays on the search page (a 200, like any search that finds nothing) saying what was wrong,
+and never reveals another brand's records.
 """
 
 from __future__ import annotations
@@ -62,10 +63,10 @@ def search():
             "That is not an id the dashboard can look up: paste a delivery (whd_…), event "
             "(evt_…), conversion (conv_…) or endpoint (whe_…) id."
         )
-        return render("dashboard/search.html", status=400, query=query, problem=problem)
+        return render("dashboard/search.html", query=query, problem=problem)
     name, destination = kind
     try:
         return redirect(destination(current_caller().brand_id, query), code=303)
     except NotFound:
         problem = f"No {name} with id {query} in this brand."
-        return render("dashboard/search.html", status=404, query=query, problem=problem)
+        return render("dashboard/search.html", query=query, problem=problem)

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from flask import flash, redirect, request, url_for
+from flask import flash, redirect, request, session, url_for
 
 from blueprints.dashboard import dashboard, one_time
 from blueprints.dashboard.rendering import load_form, render
@@ -25,35 +25,48 @@ from services.errors import Forbidden, NotFound, Unauthorized, ValidationFailed
 _issued_key = IssuedApiKeySchema()
 _bootstrap_form = BootstrapSignInSchema()
 FIRST_KEY = "first-key"
+# Why the last sign-in was refused, for the form the refusal redirects to (never the key).
+REFUSED = "sign_in_refused"
 
 
 @dashboard.get("/sign-in")
 def sign_in():
-    return render("dashboard/sign_in.html", next=request.args.get("next", ""))
+    refused = session.pop(REFUSED, None) or {}
+    return render(
+        "dashboard/sign_in.html",
+        next=request.args.get("next", ""),
+        error=refused.get("error"),
+        bootstrap_token_pasted=refused.get("bootstrap_token", False),
+    )
 
 
 @dashboard.post("/sign-in")
 def sign_in_with_key():
+    """A refused key answers like a signed-in one, with a 303 (to the form again, saying why),
+    so a reload never posts the key again."""
     secret = request.form.get("apiKey", "").strip()
     next_page = request.form.get("next", "")
     if secret.startswith(credentials.BOOTSTRAP_TOKEN_PREFIX):
         # Support's token mints a first key; it never signs in. Say where it goes instead.
-        return render(
-            "dashboard/sign_in.html",
-            status=401,
-            error="That is a bootstrap token, not an API key: it cannot sign in. Use it to "
-            "create your brand's first key.",
-            bootstrap_token_pasted=True,
-            next=next_page,
+        return _refused(
+            "That is a bootstrap token, not an API key: it cannot sign in. Use it to create "
+            "your brand's first key.",
+            next_page,
+            bootstrap_token=True,
         )
     try:
         caller = authenticate_api_key(secret)
     except Unauthorized as error:
         db.session.rollback()
-        return render("dashboard/sign_in.html", status=401, error=error.message, next=next_page)
+        return _refused(error.message, next_page)
     db.session.commit()  # the key's lastUsedAt
     start_session(caller, credentials.key_prefix(secret))
     return redirect(safe_next(next_page), code=303)
+
+
+def _refused(message: str, next_page: str, *, bootstrap_token: bool = False):
+    session[REFUSED] = {"error": message, "bootstrap_token": bootstrap_token}
+    return redirect(url_for("dashboard.sign_in", next=next_page or None), code=303)
 
 
 @dashboard.get("/first-key")
