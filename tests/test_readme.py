@@ -201,6 +201,11 @@ class Walkthrough:
         self.variables[name] = max(pasted, key=len)
 
     def make_run(self) -> None:
+        if self.supervisor is not None:
+            # The README names `make run` more than once (its summary, then the walk-through):
+            # one service in one terminal, which must still be up.
+            assert self.supervisor.poll() is None, self.supervisor_log.read_text()
+            return
         env = {
             **self.environ,
             "PORT": str(self.port),
