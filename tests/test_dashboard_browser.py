@@ -275,6 +275,8 @@ _WIDER_THAN_THE_PAGE = """() => {
 
 def assert_no_sideways_scroll(page) -> None:
     """The page itself never scrolls sideways; a table may, inside its card."""
+    # Measured once its stylesheets apply: a URL changes when a navigation commits, before.
+    page.wait_for_load_state()
     overflow = page.evaluate(
         "document.documentElement.scrollWidth - document.documentElement.clientWidth"
     )

@@ -341,6 +341,7 @@ def test_on_a_phone_nothing_scrolls_sideways_and_a_deliverys_status_is_in_sight(
         endpoint_page = f"/dashboard/endpoints/{endpoint_id}"
         for path in [*PAGES, endpoint_page, f"/dashboard/deliveries/{delivery_id}"]:
             page.goto(path)
+            page.wait_for_load_state()
             overflow = page.evaluate(
                 "document.documentElement.scrollWidth - document.documentElement.clientWidth"
             )
