@@ -19,8 +19,9 @@ from flask import Blueprint, Flask
 from markupsafe import Markup, escape
 
 HTTP_METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
-# Operations of a tag are listed create, read, update, delete; the document's order within each.
-_METHOD_RANK = {"post": 0, "get": 1, "put": 2, "patch": 3, "delete": 4}
+# Operations of a tag are listed list, get, create, update, delete, then other actions (a POST
+# that creates nothing: send a test, rotate a secret); the document's order within each.
+_LIST, _GET, _CREATE, _UPDATE, _DELETE, _ACTION = range(6)
 _MAX_DEPTH = 6
 
 _CODE_SPAN = re.compile(r"`([^`\n]+)`")
@@ -295,6 +296,10 @@ class _Reference:
             return schema["example"]
         if "default" in schema:
             return schema["default"]
+        if schema.get("nullable"):
+            # What may be absent is absent in an example with nothing better: a made-up time
+            # in `disabledAt` beside `isActive: true` would contradict it.
+            return None
         if schema.get("enum"):
             return schema["enum"][0]
         if (name and name in seen) or depth > _MAX_DEPTH:
@@ -344,7 +349,9 @@ class _Reference:
         parameters = self.parameters([*shared, *(op.get("parameters") or [])])
         body = self.request_body(op.get("requestBody"))
         responses = op.get("responses") or {}
-        success = self.success_response(responses)
+        codes = _success_codes(responses, method)
+        success = self.success_response(responses, codes[0]) if codes else None
+        also = [self.success_response(responses, code) for code in codes[1:]]
         security = op.get("security", self.spec.get("security")) or []
         op_id = op.get("operationId") or _slug(f"{method}-{path}")
         return {
@@ -363,6 +370,8 @@ class _Reference:
             "errors": self.error_responses(responses),
             "curl": self.curl(method, path, parameters, body, security),
             "response_example": success["example"] if success else None,
+            # Other successes (a postback's 200 replay beside its 201), each with its example.
+            "other_successes": also,
         }
 
     def parameters(self, raw: list) -> list[dict]:
@@ -408,12 +417,9 @@ class _Reference:
             "is_json": "json" in media,
         }
 
-    def success_response(self, responses: Mapping) -> dict | None:
-        codes = sorted(c for c in responses if str(c).startswith("2"))
-        if not codes:
-            return None
-        status = str(codes[0])
-        response, _ = self.deref(responses[codes[0]])
+    def success_response(self, responses: Mapping, code) -> dict:
+        status = str(code)
+        response, _ = self.deref(responses[code])
         content = response.get("content") or {}
         result = {
             "status": status,
@@ -697,7 +703,7 @@ class _Reference:
         for tag in tags.values():
             if not tag["operations"]:
                 continue
-            tag["operations"].sort(key=lambda o: _METHOD_RANK.get(o["method"].lower(), 5))
+            tag["operations"].sort(key=_kind_rank)
             anchor = "tag-" + _slug(tag["name"])
             while anchor in used_ids:
                 anchor += "-"
@@ -708,6 +714,7 @@ class _Reference:
             "title": info.get("title", "API reference"),
             "version": info.get("version", ""),
             "description": info.get("description", ""),
+            "license": (info.get("license") or {}).get("name", ""),
             "openapi": self.spec.get("openapi", ""),
             "server_url": self.server_url,
             "tags": groups,
@@ -760,6 +767,36 @@ class _Reference:
 
 
 # --- small helpers ------------------------------------------------------------------------------
+
+
+def _kind_rank(op: dict) -> int:
+    """Where an operation stands in its group: see `_LIST`."""
+    method, success = op["method"], op["success"]
+    if method == "GET":
+        return _LIST if success and _is_list(success) else _GET
+    if method == "POST":
+        return _CREATE if success and success["status"] == "201" else _ACTION
+    if method in ("PUT", "PATCH"):
+        return _UPDATE
+    return _DELETE if method == "DELETE" else _ACTION
+
+
+def _is_list(success: dict) -> bool:
+    """Its data is an array, or an object holding just one (`{"endpoints": [...]}`)."""
+    if success["data_many"]:
+        return True
+    top = [row for row in success["fields"] if row["depth"] == 0]
+    return len(top) == 1 and top[0]["type"].startswith("array")
+
+
+def _success_codes(responses: Mapping, method: str) -> list:
+    """The 2xx codes, the one to show first leading: a POST's 201 (what a new record answers;
+    a 200 beside it is the exception, such as a replay), else the lowest."""
+
+    def rank(code) -> tuple[int, str]:
+        return (0 if method == "post" and str(code) == "201" else 1, str(code))
+
+    return sorted((c for c in responses if str(c).startswith("2")), key=rank)
 
 
 def _first_errors(ops: list[dict]):

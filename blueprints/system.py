@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, current_app, redirect, render_template, url_for
+from flask import Blueprint, current_app, redirect, render_template, send_from_directory, url_for
 from sqlalchemy import text
 
 from blueprints.api.openapi import openapi_spec
@@ -51,6 +51,18 @@ def readyz():
             headers={"Retry-After": "5"},
         )
     return success({"status": "ready", "database": "ok", "redis": "ok"})
+
+
+@system.get("/favicon.ico")
+def favicon():
+    """Where browsers look for an icon on any page, JSON ones included (16, 32 and 48 px, drawn
+    from static/favicon.svg, which the HTML pages also name)."""
+    return send_from_directory(
+        current_app.static_folder,
+        "favicon.ico",
+        mimetype="image/vnd.microsoft.icon",
+        max_age=86400,
+    )
 
 
 @system.get("/docs")

@@ -9,6 +9,7 @@ from commands import command_transaction
 from models.brand import PLANS
 from services.bootstrap_tokens import (
     DEFAULT_TTL_HOURS,
+    MAX_TTL_HOURS,
     issue_bootstrap_token,
     revoke_bootstrap_tokens,
 )
@@ -21,7 +22,11 @@ brands = AppGroup("brands", help="Brand workspaces and their bootstrap tokens.")
 @click.argument("name")
 @click.option("--plan", type=click.Choice(PLANS), default="starter", show_default=True)
 def create_command(name: str, plan: str) -> None:
-    """Create a brand workspace; prints its id."""
+    """Create a brand workspace named NAME (1-100 characters); prints its id.
+
+    It starts with KYB pending and a 30-day subscription period, and no key: issue it a
+    bootstrap token to create the first one.
+    """
     with command_transaction():
         brand = create_brand(name=name, plan=plan)
     click.echo(brand.id)
@@ -51,9 +56,19 @@ def list_command() -> None:
 
 @brands.command("issue-bootstrap-token")
 @click.argument("brand_id")
-@click.option("--ttl-hours", type=int, default=DEFAULT_TTL_HOURS, show_default=True)
+@click.option(
+    "--ttl-hours",
+    type=click.IntRange(1, MAX_TTL_HOURS),
+    default=DEFAULT_TTL_HOURS,
+    show_default=True,
+    help=f"Hours the token stays valid, 1-{MAX_TTL_HOURS} (30 days).",
+)
 def issue_token_command(brand_id: str, ttl_hours: int) -> None:
-    """Issue a bootstrap token for create-key; prints it, once."""
+    """Issue a bootstrap token for BRAND_ID; prints it, once.
+
+    The token creates the brand's API keys (create-key, or the dashboard's first-key page)
+    until it expires or `brands revoke-bootstrap-tokens` revokes it; it is stored hashed.
+    """
     with command_transaction():
         issued = issue_bootstrap_token(brand_id=brand_id, ttl_hours=ttl_hours)
     click.echo(issued.token)

@@ -8,8 +8,8 @@ import click
 from flask.cli import AppGroup
 
 from commands import command_transaction
-from fixtures.demo import database_is_empty, seed_demo_workspace
-from fixtures.demo_simulation import simulate_step
+from fixtures.demo import database_is_empty, demo_link_code, seed_demo_workspace
+from fixtures.demo_simulation import demo_brand, simulate_step
 
 demo = AppGroup("demo", help="The demo workspace.")
 
@@ -21,15 +21,34 @@ demo = AppGroup("demo", help="The demo workspace.")
     help="Seed only when there is no brand yet (first run); else print nothing.",
 )
 def seed_command(if_empty: bool) -> None:
-    """Create the demo brand and its month of campaigns, deals, escrow, links and placements;
-    prints {"brandId", "bootstrapToken"} as JSON."""
+    """Create a demo brand and its month of campaigns, deals, escrow, links and placements;
+    prints {"brandId", "bootstrapToken", "linkCode"} as JSON (linkCode: a tracked link of a
+    deal in progress, for conversion postbacks)."""
     with command_transaction():
         if if_empty and not database_is_empty():
             return
         workspace = seed_demo_workspace()
     click.echo(
-        json.dumps({"brandId": workspace.brand.id, "bootstrapToken": workspace.bootstrap_token})
+        json.dumps(
+            {
+                "brandId": workspace.brand.id,
+                "bootstrapToken": workspace.bootstrap_token,
+                "linkCode": workspace.link_code,
+            }
+        )
     )
+
+
+@demo.command("brand")
+def brand_command() -> None:
+    """Print the id of the demo brand `make run` created (the newest demo brand); its name and a
+    link code for postbacks go to stderr."""
+    with command_transaction():
+        brand = demo_brand()
+        link_code = demo_link_code(brand.id)
+    click.echo(brand.id)
+    link = f"; link code {link_code} for conversion postbacks" if link_code else ""
+    click.echo(f"{brand.name}{link}", err=True)
 
 
 @demo.command("simulate")
@@ -42,7 +61,8 @@ def seed_command(if_empty: bool) -> None:
 def simulate_command(brand_id: str | None) -> None:
     """Move the demo workspace one step forward (a placement verified, a deal completed, a
     budget threshold crossed...); prints {"brandId", "step", "events"} as JSON, and the events
-    reach the brand's endpoints like any platform event."""
+    reach the brand's endpoints like any platform event. A brand with nothing to move (no
+    active campaign) is an error."""
     with command_transaction():
         step = simulate_step(brand_id=brand_id)
     click.echo(

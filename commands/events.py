@@ -1,33 +1,48 @@
 """`flask events emit BRAND_ID EVENT_NAME [--data JSON]`: publish any event, as the platform
 would (CONTRACT section 2). It fans out through the same publishing function as every other
-source, so it reaches exactly the endpoints a real event would."""
+source, so it reaches exactly the endpoints a real event would.
+
+stdout carries the event id only; stderr says what happens next: how many deliveries were
+queued, whether a worker is there to send them, and when `data` is the catalogue's sample."""
 
 from __future__ import annotations
 
 import json
+from datetime import UTC, timedelta
 
 import click
+import redis
+from flask import current_app
 from flask.cli import AppGroup
+from rq import Worker
 
 from commands import command_transaction
+from models.columns import utcnow
 from models.event_catalog import EVENT_NAMES, is_event_name, sample_data
 from services.brands import get_brand
 from services.events import publish_event
+from workers.connection import redis_connection
 
 events = AppGroup("events", help="Webhook events.")
+WORKER_SILENCE = timedelta(seconds=60)
+
+_EVENT_LIST = "\b\nEVENT_NAME is one of:\n" + "\n".join(f"  {name}" for name in EVENT_NAMES)
 
 
-@events.command("emit")
+@events.command("emit", epilog=_EVENT_LIST)
 @click.argument("brand_id")
 @click.argument("event_name")
 @click.option(
     "--data",
     "data_json",
     default=None,
-    help="The event's `data` as a JSON object; default: the catalogue's sample for the event.",
+    help="The event's `data` as a JSON object; default: the catalogue's sample for the event "
+    "(whose ids are samples, not records of the brand).",
 )
 def emit_command(brand_id: str, event_name: str, data_json: str | None) -> None:
-    """Publish EVENT_NAME for BRAND_ID; prints the event id."""
+    """Publish EVENT_NAME for BRAND_ID to every endpoint of the brand subscribed to it; prints
+    the event id. The deliveries go out when a webhook worker (`flask worker`, or `make run`)
+    picks them up."""
     if not is_event_name(event_name):
         raise click.ClickException(
             f"Unknown event {event_name!r}; one of: {', '.join(EVENT_NAMES)}"
@@ -37,7 +52,47 @@ def emit_command(brand_id: str, event_name: str, data_json: str | None) -> None:
         get_brand(brand_id)  # a clear "no such brand" rather than a foreign-key failure
         published = publish_event(brand_id=brand_id, name=event_name, data=data)
     click.echo(published.event.id)
-    click.echo(f"queued {len(published.delivery_ids)} delivery(ies)", err=True)
+    if data_json is None:
+        click.echo(
+            f"No --data: sent the catalogue's sample data for {event_name}; its ids are samples, "
+            "not records of this brand.",
+            err=True,
+        )
+    queued = len(published.delivery_ids)
+    if not queued:
+        click.echo(
+            f"No active endpoint of this brand subscribes to {event_name}: nothing to deliver.",
+            err=True,
+        )
+        return
+    click.echo(f"Queued {queued} {'delivery' if queued == 1 else 'deliveries'}.", err=True)
+    waiting = _why_nothing_sends()
+    if waiting:
+        click.echo(waiting, err=True)
+
+
+def _why_nothing_sends() -> str | None:
+    """Why the deliveries just queued will wait, or None when a worker is there to send them."""
+    start = "Start one with `.venv/bin/flask --app app worker` (`make run` runs one)."
+    try:
+        connection = redis_connection(current_app)
+        if connection is None:
+            return "REDIS_URL is not set: no webhook worker can run. " + start
+        if any(_alive(worker) for worker in Worker.all(connection=connection)):
+            return None
+    except redis.RedisError:
+        return (
+            "Redis is unreachable: the deliveries wait in the database until it is back and a "
+            "worker runs (its sweeper finds them). " + start
+        )
+    return "No webhook worker is running: the deliveries wait until one starts. " + start
+
+
+def _alive(worker: Worker) -> bool:
+    """A worker beats at least every sweep interval; one killed without unregistering keeps
+    its registration for minutes, with an old heartbeat."""
+    beat = worker.last_heartbeat
+    return beat is not None and utcnow() - beat.replace(tzinfo=UTC) < WORKER_SILENCE
 
 
 def _parse_object(text: str) -> dict:

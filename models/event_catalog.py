@@ -144,6 +144,35 @@ _CONVERSION = {
 }
 
 
+_LINK = {
+    "id": _CONVERSION["linkId"],
+    "campaignId": _CAMPAIGN["id"],
+    "dealId": _DEAL["id"],
+    "code": _CONVERSION["linkCode"],
+    "shortUrl": "https://kola.link/" + _CONVERSION["linkCode"],
+    "destinationUrl": "https://kolanaturals.example/harmattan-glow?utm_source=brandapi",
+    "clicks": 4552,
+    "conversions": 11,
+    "conversionValueMinor": 18450000,
+    "currency": "NGN",
+    "lastClickedAt": "2026-11-19T21:04:33.000Z",
+    "createdAt": "2026-11-05T10:00:00.000Z",
+}
+
+# Whole records, consistent with one another (one campaign, its deal, placement, hold, link and
+# a conversion on it): the read API's examples in the OpenAPI document, as events use them.
+SAMPLE_RECORDS = MappingProxyType(
+    {
+        "Campaign": MappingProxyType(_CAMPAIGN),
+        "Deal": MappingProxyType(_DEAL),
+        "Placement": MappingProxyType(_PLACEMENT),
+        "EscrowHold": MappingProxyType(_HOLD),
+        "TrackedLink": MappingProxyType(_LINK),
+        "Conversion": MappingProxyType(_CONVERSION),
+    }
+)
+
+
 def _event(name: str, description: str, sample: dict) -> EventType:
     return EventType(name=name, description=description, sample=MappingProxyType(sample))
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import JSON, ForeignKey, Index, Integer, String, Text, text
+from sqlalchemy import JSON, ForeignKey, Index, Integer, String, Text, and_, text
+from sqlalchemy.ext.hybrid import hybrid_property
 from sqlalchemy.orm import Mapped, mapped_column
 
 from extensions import db
@@ -88,7 +89,20 @@ class WebhookDelivery(db.Model):
     @property
     def next_retry_at(self) -> datetime | None:
         """SPEC's `nextRetryAt`: when a retry after a failed attempt is due."""
-        return self.next_attempt_at if self.status == PENDING and self.attempt_count else None
+        return self.next_attempt_at if self.is_retrying else None
+
+    @hybrid_property
+    def is_retrying(self) -> bool:
+        """Still `pending` after a failed attempt: its endpoint is failing and it waits for a
+        retry (for up to the whole retry schedule, about 27 hours by default) before it is
+        `failed`. The API keeps SPEC's status; this says what the status hides. Also usable in
+        queries."""
+        return self.status == PENDING and self.attempt_count > 0
+
+    @is_retrying.inplace.expression
+    @classmethod
+    def _is_retrying_expression(cls):
+        return and_(cls.status == PENDING, cls.attempt_count > 0)
 
     def __repr__(self) -> str:
         return f"<WebhookDelivery {self.id} {self.event_name} {self.status}>"
@@ -110,6 +124,16 @@ class WebhookAttempt(db.Model):
     response_body: Mapped[str | None] = mapped_column(Text, nullable=True)
     # Exactly the headers sent (the signature is an HMAC, not the secret).
     request_headers: Mapped[dict] = mapped_column(JSON)
+
+    @hybrid_property
+    def failed(self) -> bool:
+        """Every failed attempt records why (a 2xx within the timeout records no error)."""
+        return self.error is not None
+
+    @failed.inplace.expression
+    @classmethod
+    def _failed_expression(cls):
+        return cls.error.is_not(None)
 
     def __repr__(self) -> str:
         return f"<WebhookAttempt {self.delivery_id}#{self.attempt_number}>"

@@ -15,6 +15,7 @@ from extensions import db
 from models.columns import UTCDateTime, id_column_type, new_id, utcnow
 
 URL_MAX_LENGTH = 2048
+DESCRIPTION_MAX_LENGTH = 200
 
 
 class WebhookEndpoint(db.Model):
@@ -31,6 +32,8 @@ class WebhookEndpoint(db.Model):
         id_column_type(), ForeignKey("brands.id", ondelete="CASCADE")
     )
     url: Mapped[str] = mapped_column(String(URL_MAX_LENGTH))
+    # The brand's own words for it, so that two endpoints with one URL can be told apart.
+    description: Mapped[str | None] = mapped_column(String(DESCRIPTION_MAX_LENGTH), nullable=True)
     # JSONB: publishing asks `events ? name` of every endpoint of the brand.
     events: Mapped[list[str]] = mapped_column(JSONB)
     # Fernet ciphertext (services/secret_box.py); the plain secret is shown once and never stored.

@@ -11,6 +11,8 @@ from models.columns import ID_LENGTH
 from models.money import CURRENCIES
 
 _CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
+# Unicode's whole "Cc" category: C0, DEL and C1 (U+0080-U+009F, which include NEL).
+_ANY_CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def camelcase(name: str) -> str:
@@ -62,6 +64,24 @@ class Label(fields.String):
         if _CONTROL_CHARACTERS.search(text):
             raise ValidationError("Must not contain control characters.")
         return text
+
+
+class OptionalText(fields.String):
+    """Free text that may be left out: surrounding whitespace trimmed, control characters (line
+    breaks included) refused, and empty (or `null`) stored as no text at all."""
+
+    def __init__(self, *, max_length: int, metadata: dict | None = None, **options) -> None:
+        self.max_length = max_length
+        metadata = {"maxLength": max_length, **(metadata or {})}
+        super().__init__(allow_none=True, metadata=metadata, **options)
+
+    def _deserialize(self, value, attr, data, **kwargs) -> str | None:
+        text = super()._deserialize(value, attr, data, **kwargs).strip()
+        if _ANY_CONTROL_CHARACTER.search(text):
+            raise ValidationError("Must not contain control characters (line breaks included).")
+        if len(text) > self.max_length:
+            raise ValidationError(f"Longer than maximum length {self.max_length}.")
+        return text or None
 
 
 def money(description: str, **options) -> fields.Integer:

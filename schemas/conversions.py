@@ -155,7 +155,8 @@ class PostbackResultSchema(ApiSchema):
     replay = fields.Boolean(
         metadata={
             "description": "True when the key was seen before: this is the first conversion "
-            "stored under it, whatever this request's body said, and nothing was counted again."
+            "stored under it, whatever this request's body said, and nothing was counted again.",
+            "example": False,
         }
     )
     attributed = fields.Boolean(
@@ -179,6 +180,18 @@ class PostbackResultSchema(ApiSchema):
             "or for a campaign-wide link.",
             "example": DEAL_ID_EXAMPLE,
         },
+    )
+
+
+class PostbackReplaySchema(PostbackResultSchema):
+    """The 200 of a key seen before: the same fields, describing the first conversion."""
+
+    replay = fields.Boolean(
+        metadata={
+            "description": "Always true here: the key was seen before, and this is the first "
+            "conversion stored under it.",
+            "example": True,
+        }
     )
 
 

@@ -51,16 +51,25 @@ class SortedPageQuerySchema(PageQuerySchema):
 
 
 class PageMetaSchema(ApiSchema):
-    page = fields.Integer(required=True, metadata={"description": "Current page, from 1."})
-    limit = fields.Integer(required=True, metadata={"description": "Page size, 1-100."})
+    page = fields.Integer(
+        required=True, metadata={"description": "Current page, from 1.", "example": 1}
+    )
+    limit = fields.Integer(
+        required=True, metadata={"description": "Page size, 1-100.", "example": 20}
+    )
     total = fields.Integer(
         required=True,
         metadata={
-            "description": "Matching records; above 10,000 a lower bound (see `totalExact`)."
+            "description": "Matching records; above 10,000 a lower bound (see `totalExact`).",
+            "example": 1,
         },
     )
-    total_pages = fields.Integer(required=True, metadata={"description": "Pages of `total`."})
-    has_next = fields.Boolean(required=True, metadata={"description": "Always exact."})
+    total_pages = fields.Integer(
+        required=True, metadata={"description": "Pages of `total`.", "example": 1}
+    )
+    has_next = fields.Boolean(
+        required=True, metadata={"description": "Always exact.", "example": False}
+    )
     total_exact = fields.Boolean(
         required=True,
         metadata={

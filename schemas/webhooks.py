@@ -6,8 +6,8 @@ from marshmallow import fields, validate
 
 from models.event_catalog import DEFAULT_SUBSCRIPTION, EVENT_NAMES
 from models.webhook_delivery import DELIVERY_STATUSES, RESPONSE_BODY_MAX_BYTES
-from models.webhook_endpoint import URL_MAX_LENGTH
-from schemas.base import ApiSchema, Timestamp
+from models.webhook_endpoint import DESCRIPTION_MAX_LENGTH, URL_MAX_LENGTH
+from schemas.base import ApiSchema, OptionalText, ResourceId, Timestamp
 from schemas.envelope import SortedPageQuerySchema
 
 ENDPOINT_ID_EXAMPLE = "whe_01jd3kr7s9t1v3w5x7y9z1a3b5"
@@ -41,11 +41,37 @@ def _events_field(description: str, **options) -> fields.List:
     )
 
 
+def _description_field(description: str, **options) -> OptionalText:
+    return OptionalText(
+        max_length=DESCRIPTION_MAX_LENGTH,
+        metadata={"description": description, "example": "Orders service, production"},
+        **options,
+    )
+
+
+def _dropped_events_field() -> fields.List:
+    return fields.List(
+        fields.String(),
+        metadata={
+            "description": "The names in the request's `events` that are not supported and "
+            "were dropped, each once, in the order given; empty when none (or when `events` "
+            "was not sent). A misspelt name shows here instead of going unnoticed.",
+            "example": [],
+        },
+    )
+
+
 class EndpointRegisterSchema(ApiSchema):
     url = _url_field(required=True)
     events = _events_field(
-        f"Event names to subscribe to. Unsupported names are dropped; if none is left the "
-        f"request fails. Default {_DEFAULT_EVENTS}.",
+        f"Event names to subscribe to. Unsupported names are dropped (the answer lists them in "
+        f"`droppedEvents`); if none is left the request fails. Default {_DEFAULT_EVENTS}.",
+        load_default=None,
+    )
+    description = _description_field(
+        "Your own note to tell endpoints apart (two endpoints may share a URL). At most "
+        f"{DESCRIPTION_MAX_LENGTH} characters, no control characters; surrounding spaces are "
+        "trimmed, and empty means none.",
         load_default=None,
     )
 
@@ -53,6 +79,9 @@ class EndpointRegisterSchema(ApiSchema):
 class EndpointUpdateSchema(ApiSchema):
     url = _url_field()
     events = _events_field("Replaces the subscription; same rules as registration.")
+    description = _description_field(
+        'Replaces the description; `null` or `""` removes it. Same rules as registration.'
+    )
     is_active = fields.Boolean(
         metadata={
             "description": "`true` re-enables a disabled endpoint and resets "
@@ -64,7 +93,17 @@ class EndpointUpdateSchema(ApiSchema):
 class EndpointSchema(ApiSchema):
     id = fields.String(metadata={"example": ENDPOINT_ID_EXAMPLE})
     url = fields.String(metadata={"example": "https://hooks.example.com/brand-api"})
-    events = fields.List(fields.String(validate=validate.OneOf(EVENT_NAMES)))
+    description = fields.String(
+        allow_none=True,
+        metadata={
+            "description": "The brand's note on the endpoint, or null.",
+            "example": "Orders service, production",
+        },
+    )
+    events = fields.List(
+        fields.String(validate=validate.OneOf(EVENT_NAMES)),
+        metadata={"example": list(DEFAULT_SUBSCRIPTION)},
+    )
     is_active = fields.Boolean(
         metadata={"description": "False once disabled (by failures or by update-endpoint)."}
     )
@@ -78,12 +117,9 @@ class EndpointSchema(ApiSchema):
     created_at = Timestamp()
 
 
-class IssuedEndpointSchema(ApiSchema):
-    """registerWebhookEndpoint: the endpoint and, once, its signing secret."""
+class IssuedEndpointSchema(EndpointSchema):
+    """registerWebhookEndpoint: the endpoint, once its signing secret, and what was dropped."""
 
-    id = fields.String(attribute="record.id", metadata={"example": ENDPOINT_ID_EXAMPLE})
-    url = fields.String(attribute="record.url")
-    events = fields.List(fields.String(), attribute="record.events")
     signing_secret = fields.String(
         metadata={
             "description": "HMAC-SHA256 key of `X-Service-Signature`. Shown this once: store "
@@ -91,10 +127,13 @@ class IssuedEndpointSchema(ApiSchema):
             "example": SECRET_EXAMPLE,
         }
     )
-    is_active = fields.Boolean(attribute="record.is_active")
-    consecutive_failures = fields.Integer(attribute="record.consecutive_failures")
-    disabled_at = Timestamp(attribute="record.disabled_at", allow_none=True)
-    created_at = Timestamp(attribute="record.created_at")
+    dropped_events = _dropped_events_field()
+
+
+class UpdatedEndpointSchema(EndpointSchema):
+    """updateWebhookEndpoint: the endpoint as it is now, and what was dropped."""
+
+    dropped_events = _dropped_events_field()
 
 
 class RotatedSecretSchema(ApiSchema):
@@ -133,12 +172,24 @@ class DeliverySchema(ApiSchema):
             "example": "evt_01jd3kw3x5y7z9a1b3c5d7e9f1",
         }
     )
-    event_name = fields.String(validate=validate.OneOf(EVENT_NAMES))
+    event_name = fields.String(
+        validate=validate.OneOf(EVENT_NAMES), metadata={"example": "deal.completed"}
+    )
     status = fields.String(
         validate=validate.OneOf(DELIVERY_STATUSES),
         metadata={
             "description": "`pending` until an attempt succeeds (`delivered`), or the last "
             "retry fails or the endpoint is disabled or deleted (`failed`)."
+        },
+    )
+    retrying = fields.Boolean(
+        attribute="is_retrying",
+        metadata={
+            "description": "True while the delivery is `pending` after a failed attempt: its "
+            "endpoint is failing, and the next attempt is at `nextRetryAt`. It stays `pending` "
+            "through the whole retry schedule (about 27 hours by default) and only then turns "
+            "`failed`, so look for this, not `status=failed`, to see deliveries failing now.",
+            "example": False,
         },
     )
     http_status = fields.Integer(
@@ -186,7 +237,21 @@ class DeliveryDetailSchema(DeliverySchema):
 
 class DeliveryQuerySchema(SortedPageQuerySchema):
     status = fields.String(validate=validate.OneOf(DELIVERY_STATUSES))
+    retrying = fields.Boolean(
+        metadata={
+            "description": "`true`: only deliveries still `pending` after a failed attempt "
+            "(their endpoint is failing now); `false`: every other delivery."
+        }
+    )
     event_name = fields.String(validate=validate.OneOf(EVENT_NAMES))
+    event_id = ResourceId(
+        "evt",
+        "event",
+        metadata={
+            "description": "Only the deliveries of this event (`evt_…`, the `id` of an event's "
+            "body): one per endpoint it reached, and its redeliveries."
+        },
+    )
     endpoint_id = fields.String(
         validate=validate.Length(min=1, max=64),
         metadata={"description": "Only this endpoint's deliveries."},

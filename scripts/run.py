@@ -281,14 +281,11 @@ def seed_demo(env: dict[str, str], port: int) -> None:
         )
     output = result.stdout.strip()
     if not output:
-        say(
-            "Need a bootstrap token? "
-            f"{venv_command('flask')} --app app brands issue-bootstrap-token BRAND_ID"
-        )
+        remind_of_the_demo_brand(env)
         return
     try:
         seeded = json.loads(output)
-        brand_id, token = seeded["brandId"], seeded["bootstrapToken"]
+        brand_id, token, link_code = seeded["brandId"], seeded["bootstrapToken"], seeded["linkCode"]
     except (ValueError, KeyError, TypeError):
         raise SetupFailed(f"`demo seed` printed something unexpected: {output[:200]!r}") from None
     curl = (
@@ -306,6 +303,7 @@ def seed_demo(env: dict[str, str], port: int) -> None:
                 f"  Bootstrap token: {token}",
                 "  (shown once; it belongs to this machine's demo brand and lets you create",
                 "  its first API key)",
+                f"  Link code:       {link_code}  (a tracked link of the brand, for postbacks)",
                 "Create the first API key (once the server below is up):",
                 f"  {curl}",
                 "Then move the demo forward, one platform change (and its webhooks) at a time:",
@@ -314,6 +312,27 @@ def seed_demo(env: dict[str, str], port: int) -> None:
             ]
         )
     )
+
+
+def remind_of_the_demo_brand(env: dict[str, str]) -> None:
+    """Later runs: the demo brand's id, in the command that issues it a new bootstrap token.
+    (`demo brand` fails, saying nothing here, when the database holds no demo brand.)"""
+    result = subprocess.run(
+        flask_command("demo", "brand"),
+        cwd=REPO,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    brand_id = result.stdout.strip()
+    flask = f"{venv_command('flask')} --app app"
+    if result.returncode != 0 or not brand_id:
+        say(f"Need a bootstrap token? {flask} brands issue-bootstrap-token BRAND_ID")
+        return
+    say(f"The demo brand is {brand_id} ({result.stderr.strip()}).")
+    say(f"Need a bootstrap token for it? {flask} brands issue-bootstrap-token {brand_id}")
 
 
 # --- the long-running children -----------------------------------------------------------------

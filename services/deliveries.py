@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from sqlalchemy import func, select, update
+from flask import current_app
+from sqlalchemy import false, func, not_, select, update
 
 from extensions import db
 from models import WebhookAttempt, WebhookDelivery, WebhookEndpoint, WebhookEvent
 from models.paging import DESCENDING
-from models.webhook_delivery import DELIVERY_STATUSES, FAILED, PENDING
+from models.webhook_delivery import DELIVERED, FAILED, PENDING
 from services.errors import NotFound
 from services.events import deliver_again
 from services.pagination import Page, paginate
@@ -36,15 +37,22 @@ def list_deliveries(
     page: int,
     limit: int,
     status: str | None = None,
+    retrying: bool | None = None,
     event_name: str | None = None,
+    event_id: str | None = None,
     endpoint_id: str | None = None,
     sort_order: str = DESCENDING,
 ) -> Page:
     statement = select(WebhookDelivery).where(WebhookDelivery.brand_id == brand_id)
     if status is not None:
         statement = statement.where(WebhookDelivery.status == status)
+    if retrying is not None:
+        is_retrying = WebhookDelivery.is_retrying
+        statement = statement.where(is_retrying if retrying else not_(is_retrying))
     if event_name is not None:
         statement = statement.where(WebhookDelivery.event_name == event_name)
+    if event_id is not None:
+        statement = statement.where(*_of_event(brand_id, event_id))
     if endpoint_id is not None:
         statement = statement.where(WebhookDelivery.endpoint_id == endpoint_id)
     return paginate(
@@ -52,17 +60,78 @@ def list_deliveries(
     )
 
 
-def count_deliveries_by_status(brand_id: str, *, since: datetime) -> dict[str, int]:
-    """How many of the brand's deliveries created since `since` are in each status (every status
-    present, zero included)."""
-    rows = db.session.execute(
-        select(WebhookDelivery.status, func.count())
-        .where(WebhookDelivery.brand_id == brand_id, WebhookDelivery.created_at >= since)
-        .group_by(WebhookDelivery.status)
+@dataclass(frozen=True)
+class DeliveryHealth:
+    """What the brand's webhooks are doing: the deliveries created since a moment that were
+    delivered or failed for good, the ones pending now (retrying after a failed attempt, or
+    waiting for their first), and the attempts since that moment that failed."""
+
+    delivered: int
+    failed: int
+    retrying: int
+    waiting: int
+    failed_attempts: int
+
+
+def delivery_health(brand_id: str, *, since: datetime) -> DeliveryHealth:
+    """The overview's figures: see `DeliveryHealth`."""
+    settled = dict(
+        db.session.execute(
+            select(WebhookDelivery.status, func.count())
+            .where(
+                WebhookDelivery.brand_id == brand_id,
+                WebhookDelivery.created_at >= since,
+                WebhookDelivery.status != PENDING,
+            )
+            .group_by(WebhookDelivery.status)
+        ).all()
     )
-    counts = dict.fromkeys(DELIVERY_STATUSES, 0)
-    counts.update({status: count for status, count in rows})
-    return counts
+    pending, retrying = db.session.execute(
+        select(func.count(), func.count().filter(WebhookDelivery.is_retrying)).where(
+            WebhookDelivery.brand_id == brand_id, WebhookDelivery.status == PENDING
+        )
+    ).one()
+    failed_attempts = db.session.scalar(
+        select(func.count())
+        .select_from(WebhookAttempt)
+        .join(WebhookDelivery, WebhookDelivery.id == WebhookAttempt.delivery_id)
+        .where(
+            WebhookDelivery.brand_id == brand_id,
+            # Only a delivery created within its longest life can have an attempt after `since`:
+            # bounds the brand's rows the count reads.
+            WebhookDelivery.created_at >= since - _longest_delivery_life(),
+            WebhookAttempt.requested_at >= since,
+            WebhookAttempt.failed,
+        )
+    )
+    return DeliveryHealth(
+        delivered=settled.get(DELIVERED, 0),
+        failed=settled.get(FAILED, 0),
+        retrying=retrying,
+        waiting=pending - retrying,
+        failed_attempts=failed_attempts,
+    )
+
+
+def _of_event(brand_id: str, event_id: str) -> tuple:
+    """Conditions for the deliveries of one of the brand's events. Deliveries have no index on
+    their event (it would cost every delivery written); an event's deliveries are made with it
+    or later (redeliveries), so its time bounds the rows of the brand's log to read."""
+    created_at = db.session.scalar(
+        select(WebhookEvent.created_at).where(
+            WebhookEvent.id == event_id, WebhookEvent.brand_id == brand_id
+        )
+    )
+    if created_at is None:
+        return (false(),)
+    return (WebhookDelivery.created_at >= created_at, WebhookDelivery.event_id == event_id)
+
+
+def _longest_delivery_life() -> timedelta:
+    """From a delivery's creation to its last attempt at the latest: the retry schedule with
+    its +10% jitter, and an hour more per attempt that a receiver's Retry-After may add."""
+    schedule = current_app.extensions["settings"].webhook_retry_schedule
+    return timedelta(seconds=sum(schedule) * 1.1 + 3600 * (len(schedule) + 1))
 
 
 def get_delivery(brand_id: str, delivery_id: str) -> WebhookDelivery:

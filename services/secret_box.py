@@ -30,9 +30,10 @@ class SecretBox:
     def encrypt(self, plaintext: str) -> str:
         return self._fernet.encrypt(plaintext.encode()).decode()
 
-    def decrypt(self, ciphertext: str) -> str:
-        """:raise InvalidToken: the ciphertext was made with a key no longer configured."""
-        return self._fernet.decrypt(ciphertext.encode()).decode()
+    def decrypt(self, ciphertext: str, *, ttl: int | None = None) -> str:
+        """:raise InvalidToken: the ciphertext was made with a key no longer configured, or
+        (with `ttl`) more than `ttl` seconds ago."""
+        return self._fernet.decrypt(ciphertext.encode(), ttl=ttl).decode()
 
 
 def secret_box() -> SecretBox:

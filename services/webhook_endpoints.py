@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from flask import current_app
@@ -33,15 +33,37 @@ TEST_MESSAGE = "Test ping from the Brand API: your endpoint is reachable."
 
 
 @dataclass(frozen=True)
+class Subscription:
+    """What a request's `events` comes to: the names subscribed, and the unsupported names that
+    were dropped (CONTRACT 10: the answer lists them, so a typo does not go unnoticed)."""
+
+    events: list[str]
+    dropped_events: list[str]
+
+
+@dataclass(frozen=True)
 class IssuedEndpoint:
-    """An endpoint with its signing secret, as returned once by register and rotate."""
+    """An endpoint with its signing secret, as returned once by register and rotate, and the
+    event names registration dropped."""
 
     record: WebhookEndpoint
     signing_secret: str
+    dropped_events: list[str] = field(default_factory=list)
 
-    @property
-    def id(self) -> str:
-        return self.record.id
+    def __getattr__(self, name: str):
+        # The endpoint plus what this answer adds; schemas read the rest from the record.
+        return getattr(self.record, name)
+
+
+@dataclass(frozen=True)
+class UpdatedEndpoint:
+    """An endpoint after update-endpoint, and the event names the update dropped."""
+
+    record: WebhookEndpoint
+    dropped_events: list[str]
+
+    def __getattr__(self, name: str):
+        return getattr(self.record, name)
 
 
 def current_url_policy() -> UrlPolicy:
@@ -54,13 +76,14 @@ def register_endpoint(
     url: str,
     events: list[str] | None,
     policy: UrlPolicy,
+    description: str | None = None,
     now: datetime | None = None,
 ) -> IssuedEndpoint:
     """:raise ValidationFailed: a URL against CONTRACT 6.3, no supported event, or too many
     endpoints."""
     get_brand(brand_id)
     url = validate_endpoint_url(url, policy)
-    subscribed = resolve_subscription(events)
+    subscription = resolve_subscription(events)
     active_count = db.session.scalar(
         select(func.count()).where(
             WebhookEndpoint.brand_id == brand_id, WebhookEndpoint.deleted_at.is_(None)
@@ -76,7 +99,8 @@ def register_endpoint(
     endpoint = WebhookEndpoint(
         brand_id=brand_id,
         url=url,
-        events=subscribed,
+        description=description,
+        events=subscription.events,
         secret_ciphertext=secret_box().encrypt(secret),
         consecutive_failures=0,
         created_at=now,
@@ -84,21 +108,26 @@ def register_endpoint(
     )
     db.session.add(endpoint)
     db.session.flush()
-    return IssuedEndpoint(record=endpoint, signing_secret=secret)
+    return IssuedEndpoint(
+        record=endpoint, signing_secret=secret, dropped_events=subscription.dropped_events
+    )
 
 
-def resolve_subscription(events: list[str] | None) -> list[str]:
+def resolve_subscription(events: list[str] | None) -> Subscription:
     """SPEC registration rules 1 and 2: omitted means the default; unsupported names are
-    dropped; nothing supported left is an error."""
+    dropped (and reported, each once, in the order given); nothing supported left is an error
+    that names what was dropped."""
     if events is None:
-        return list(DEFAULT_SUBSCRIPTION)
+        return Subscription(events=list(DEFAULT_SUBSCRIPTION), dropped_events=[])
     subscribed = supported_events(events)
+    dropped = list(dict.fromkeys(name for name in events if name not in subscribed))
     if not subscribed:
+        unsupported = f"Not supported: {', '.join(dropped)}. " if dropped else ""
         raise ValidationFailed(
             "No supported event in the subscription",
-            {"events": [f"Give at least one of: {', '.join(EVENT_NAMES)}."]},
+            {"events": [f"{unsupported}Give at least one of: {', '.join(EVENT_NAMES)}."]},
         )
-    return subscribed
+    return Subscription(events=subscribed, dropped_events=dropped)
 
 
 def list_endpoints(brand_id: str) -> list[WebhookEndpoint]:
@@ -110,20 +139,6 @@ def list_endpoints(brand_id: str) -> list[WebhookEndpoint]:
             .order_by(WebhookEndpoint.created_at, WebhookEndpoint.id)
         )
     )
-
-
-def endpoints_needing_attention_first(endpoints: list[WebhookEndpoint]) -> list[WebhookEndpoint]:
-    """Disabled endpoints first, then failing ones (most failures first), then the healthy, each
-    group in its given order: what the dashboard's overview shows."""
-
-    def urgency(endpoint: WebhookEndpoint) -> tuple[int, int]:
-        if endpoint.disabled_at is not None:
-            return (0, 0)
-        if endpoint.consecutive_failures:
-            return (1, -endpoint.consecutive_failures)
-        return (2, 0)
-
-    return sorted(endpoints, key=urgency)
 
 
 def get_endpoint(brand_id: str, endpoint_id: str, *, for_update: bool = False) -> WebhookEndpoint:
@@ -152,28 +167,32 @@ def update_endpoint(
     policy: UrlPolicy,
     url=_UNSET,
     events=_UNSET,
+    description=_UNSET,
     is_active=_UNSET,
     now: datetime | None = None,
-) -> WebhookEndpoint:
-    """Change any of `url`, `events`, `isActive` (CONTRACT 4). `isActive: true` re-enables a
-    disabled endpoint with a clean failure count; `false` disables it, failing its pending
-    deliveries.
+) -> UpdatedEndpoint:
+    """Change any of `url`, `events`, `description`, `isActive` (CONTRACT 4 and 10).
+    `isActive: true` re-enables a disabled endpoint with a clean failure count; `false` disables
+    it, failing its pending deliveries. An empty or null description removes it.
 
     :raise ValidationFailed: nothing to change, or a field breaks its rule.
     :raise NotFound: no such endpoint.
     """
-    if url is _UNSET and events is _UNSET and is_active is _UNSET:
+    if all(value is _UNSET for value in (url, events, description, is_active)):
         raise ValidationFailed(
-            "Nothing to update", {"body": ["Give at least one of url, events, isActive."]}
+            "Nothing to update",
+            {"body": ["Give at least one of url, events, description, isActive."]},
         )
     now = now or utcnow()
     new_url = validate_endpoint_url(url, policy) if url is not _UNSET else None
-    new_events = resolve_subscription(events) if events is not _UNSET else None
+    subscription = resolve_subscription(events) if events is not _UNSET else None
     endpoint = get_endpoint(brand_id, endpoint_id, for_update=True)
     if new_url is not None:
         endpoint.url = new_url
-    if new_events is not None:
-        endpoint.events = new_events
+    if subscription is not None:
+        endpoint.events = subscription.events
+    if description is not _UNSET:
+        endpoint.description = description
     endpoint.updated_at = now
     db.session.flush()
     if is_active is True:
@@ -182,7 +201,8 @@ def update_endpoint(
         disable_endpoint(endpoint.id, reason=MANUALLY_DISABLED, now=now)
     if is_active is not _UNSET:
         db.session.refresh(endpoint)  # endpoint_health changed the row beneath the session
-    return endpoint
+    dropped = subscription.dropped_events if subscription is not None else []
+    return UpdatedEndpoint(record=endpoint, dropped_events=dropped)
 
 
 def rotate_signing_secret(

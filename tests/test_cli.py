@@ -139,7 +139,7 @@ def test_revoke_bootstrap_tokens_counts_and_revokes_only_valid_ones(
 def test_demo_seed_prints_a_brand_and_a_working_token(runner, client):
     result = invoke(runner, "demo", "seed")
     seeded = json.loads(result.stdout)
-    assert set(seeded) == {"brandId", "bootstrapToken"}
+    assert set(seeded) == {"brandId", "bootstrapToken", "linkCode"}
     response = client.post(
         f"/api/v1/brand/{seeded['brandId']}/api-key/create-key",
         json={"name": "demo"},
@@ -151,3 +151,12 @@ def test_demo_seed_prints_a_brand_and_a_working_token(runner, client):
 def test_demo_seed_if_empty_seeds_only_the_first_time(runner):
     assert json.loads(invoke(runner, "demo", "seed", "--if-empty").stdout)["brandId"]
     assert invoke(runner, "demo", "seed", "--if-empty").stdout == ""
+
+
+def test_help_states_the_limits(runner):
+    token_help = runner.invoke(args=["brands", "issue-bootstrap-token", "--help"]).output
+    assert "1-720 (30 days)" in token_help
+    assert "default: 24" in token_help
+    create_help = runner.invoke(args=["brands", "create", "--help"]).output
+    assert "1-100 characters" in create_help
+    assert "starter|growth|enterprise" in create_help.replace(" ", "")

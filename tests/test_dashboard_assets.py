@@ -42,3 +42,15 @@ def test_no_template_needs_unsafe_inline():
         assert not handler.search(text), template
         assert "hx-on" not in text, template
         assert "javascript:" not in text, template
+
+
+def test_every_page_names_an_icon_and_the_browsers_default_path_serves_one(client):
+    icon = client.get("/favicon.ico")
+    assert icon.status_code == 200
+    assert icon.mimetype == "image/vnd.microsoft.icon"
+    assert icon.data[:4] == b"\x00\x00\x01\x00"  # an ICO file
+    assert icon.data.count(b"\x89PNG") == 3  # 16, 32 and 48 px
+    for path in ("/dashboard/sign-in", "/docs", "/no-such-page"):
+        html = client.get(path, headers={"Accept": "text/html"}).get_data(as_text=True)
+        assert '<link rel="icon" href="/favicon.ico"' in html, path
+        assert '<link rel="icon" href="/static/favicon.svg" type="image/svg+xml">' in html, path

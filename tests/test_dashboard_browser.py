@@ -220,6 +220,8 @@ def register_endpoint_and_watch_a_test_ping(live: Live, page, receiver: Receiver
     verify = page.locator("section").filter(
         has=page.get_by_role("heading", name="Verify signatures")
     )
+    # The tab row appears once the page's script runs; then one panel shows at a time.
+    expect(verify.get_by_role("tab", name="Python")).to_be_visible()
     expect(verify.get_by_role("tabpanel")).to_contain_text("WEBHOOK_SECRET")
     verify.get_by_role("tab", name="Node.js").click()
     expect(verify.get_by_role("tab", name="Node.js")).to_have_attribute("aria-selected", "true")
@@ -273,6 +275,8 @@ _WIDER_THAN_THE_PAGE = """() => {
 
 def assert_no_sideways_scroll(page) -> None:
     """The page itself never scrolls sideways; a table may, inside its card."""
+    # Measured once its stylesheets apply: a URL changes when a navigation commits, before.
+    page.wait_for_load_state()
     overflow = page.evaluate(
         "document.documentElement.scrollWidth - document.documentElement.clientWidth"
     )

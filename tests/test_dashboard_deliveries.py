@@ -87,8 +87,14 @@ def _attempt(
     )
     with app.test_request_context():
         now = utcnow() + timedelta(minutes=minutes)
-        claim = claim_due_deliveries(endpoint_id, limit=100, lease=timedelta(minutes=1), now=now)
-        assert claim is not None, "nothing due"
+        claim = claim_due_deliveries(
+            {endpoint_id: 100},
+            endpoint_limit=100,
+            lease=timedelta(minutes=1),
+            now=now,
+            owner="0000test",
+        )[endpoint_id]
+        assert claim.deliveries, "nothing due"
         for claimed in claim.deliveries:
             if claimed.id not in replies:
                 continue
@@ -159,18 +165,23 @@ def test_the_log_lists_each_delivery_newest_first(app, client, brand, read_key):
     assert _rows(page) == [third, second, first]
     assert "3 deliveries" in page
     delivered = _row(page, first)
-    assert 'status-delivered">delivered' in delivered and "<td>200</td>" in delivered
+    assert (
+        'status-delivered">delivered' in delivered and '<td data-label="HTTP">200</td>' in delivered
+    )
     # The row names the endpoint without the scheme every row would repeat; the title has it all.
     shown = DOWN_URL.removeprefix("http://")
     shown = shown.replace("/", "/<wbr>")  # it wraps after a slash, not inside a word
     assert f'href="/dashboard/endpoints/{endpoint_id}" title="{DOWN_URL}">{shown}</a>' in delivered
     assert f'href="/dashboard/deliveries/{first}">Details</a>' in delivered
+    # Pending after a failed attempt: shown as retrying, with what failed and when it is next.
     retrying = _row(page, second)
-    assert 'status-pending">pending' in retrying
+    assert 'data-status="pending" data-retrying' in retrying
+    assert 'status-retrying"' in retrying and ">retrying</span>" in retrying
     assert "HTTP 503" in retrying  # the last error
-    assert "retry <time datetime=" in retrying.rsplit("HTTP 503", 1)[1]  # and when it is due
+    note = retrying.rsplit("HTTP 503", 1)[1]
+    assert "1 attempt failed · next retry <time datetime=" in note  # and when it is due
     assert 'status-pending">pending' in _row(page, third)
-    assert "<td>0</td>" in _row(page, third)  # no attempt yet
+    assert '<td data-label="Attempts">0</td>' in _row(page, third)  # no attempt yet
 
 
 def test_every_filter_sort_and_page(app, client, brand, read_key):
@@ -192,6 +203,8 @@ def test_every_filter_sort_and_page(app, client, brand, read_key):
     assert set(rows("status=failed")) == {escrow[0], escrow[2]}
     assert rows("status=delivered") == [deals[0]]
     assert len(rows("status=pending")) == 7
+    assert rows("retrying=true") == []
+    assert len(rows("retrying=false")) == 10
     assert set(rows("eventName=deal.completed")) == set(deals)
     assert rows("eventName=webhook.test") == []
     assert set(rows(f"endpointId={endpoint_id}")) == to_endpoint
@@ -330,7 +343,7 @@ def test_a_pending_row_polls_until_it_settles(app, client, brand, read_key):
     settled = _text(client.get(f"/dashboard/deliveries/{pending}/row?polls=2", headers=htmx(token)))
     tag = _row_tag(settled, pending)
     assert "hx-get" not in tag and "hx-trigger" not in tag and 'data-status="delivered"' in tag
-    assert 'status-delivered">delivered' in settled and "<td>200</td>" in settled
+    assert 'status-delivered">delivered' in settled and '<td data-label="HTTP">200</td>' in settled
     assert DOWN_URL in settled  # the endpoint cell is the same as the list's
 
 
@@ -407,7 +420,8 @@ def test_a_delivery_shows_each_attempt_with_its_answer(app, client, brand, read_
     _attempt(app, endpoint_id, {delivery_id: (500, '{"error": "<db down>"}', None)}, retry=True)
     token = sign_in(client, read_key)
     page = _text(client.get(f"/dashboard/deliveries/{delivery_id}"))
-    assert 'status-pending">pending' in page
+    assert '<h2>Status <span class="status status-retrying"' in page
+    assert 'Its endpoint is failing: <span class="retry-note">1 attempt failed · next retry' in page
     assert "Attempt 1" in page and "HTTP 500" in page and "137 ms" in page
     assert "{&#34;error&#34;: &#34;&lt;db down&gt;&#34;}" in page  # the response body, escaped
     assert "Next retry</dt><dd><time" in page
@@ -508,9 +522,13 @@ def test_redeliver_works_as_a_plain_form(app, client, brand, write_key):
     response = client.post(
         f"/dashboard/deliveries/{original}/redeliver", data={"csrf_token": token}
     )
-    assert response.status_code == 202
-    page = _text(response)
-    assert "<html" in page and "Redelivery queued as delivery" in page
+    # To the new delivery's page: reloading it reads it, and queues nothing more.
+    assert response.status_code == 303
+    new_id = response.headers["Location"].removeprefix("/dashboard/deliveries/")
+    assert new_id.startswith("whd_") and new_id != original
+    page = _text(client.get(response.headers["Location"]))
+    assert "<html" in page and f"Redelivery queued: this is the new delivery of {original}" in page
+    _text(client.get(response.headers["Location"]))
     assert _count_deliveries(app) == 2
 
 

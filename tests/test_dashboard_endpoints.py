@@ -24,6 +24,7 @@ from sqlalchemy import func, select, update
 from extensions import db
 from models import WebhookDelivery, WebhookEndpoint
 from services.events import publish_event
+from services.secret_box import secret_box
 from services.signing import delivery_headers, sign
 from services.webhook_endpoints import current_url_policy, register_endpoint
 from services.webhook_endpoints import update_endpoint as service_update
@@ -173,7 +174,7 @@ def test_list_shows_each_endpoints_state_and_never_a_secret(app, client, brand, 
     assert "status-active" in rows[healthy]
     assert f'href="/dashboard/endpoints/{healthy}"' in rows[healthy]
     assert "status-failing" in rows[failing]
-    assert "<td>4</td>" in rows[failing]
+    assert '<td data-label="Failures in a row">4</td>' in rows[failing]
     assert "3 subscribed" in rows[failing]
     assert "status-disabled" in rows[disabled]
     assert "Disabled through update-endpoint" in rows[disabled]
@@ -247,13 +248,73 @@ def test_register_works_as_a_plain_form(app, client, brand, write_key):
             "csrf_token": token,
         },
     )
-    assert response.status_code == 201
-    page = _text(response)
+    assert response.status_code == 303
+    assert response.headers["Location"] == "/dashboard/endpoints#endpoint-register"
+    page = _text(client.get("/dashboard/endpoints"))
     assert "<html" in page
     assert "Endpoint registered" in page
-    assert len(set(SIGNING_SECRET.findall(page))) == 1
+    [secret] = set(SIGNING_SECRET.findall(page))
     assert page.count('id="endpoint-rows"') == 1
     assert "http://localhost:8000/hooks" in page.split('id="endpoint-rows"')[1]
+    # A reload shows the list and the form again: no second endpoint, no secret.
+    again = _text(client.get("/dashboard/endpoints"))
+    assert secret not in again and "Register an endpoint" in again
+    assert _live_endpoints(app, brand) == 1
+
+
+def test_register_keeps_a_description_and_says_which_event_names_were_dropped(
+    app, client, brand, write_key
+):
+    """CONTRACT 10: the answer names what registration dropped (a form sends only known names,
+    but a crafted or stale one may not), and the description tells endpoints apart."""
+    token = sign_in(client, write_key)
+    response = client.post(
+        "/dashboard/endpoints",
+        data={
+            "url": "http://127.0.0.1:8123/hooks",
+            "description": "Orders service, staging",
+            "events": ["deal.completed", "deal.finished"],
+        },
+        headers=htmx(token),
+    )
+    assert response.status_code == 201
+    fragment = _text(response)
+    notice = fragment.split("data-dropped-events>")[1].split("</p>")[0]
+    assert "<code>deal.finished</code>" in notice and "deal.completed" not in notice
+    assert "Orders service, staging" in fragment.split('id="endpoint-rows"')[1]
+    [endpoint_id] = re.findall(r'id="endpoint-(whe_\w+)"', fragment)
+    assert _endpoint_row(app, endpoint_id).description == "Orders service, staging"
+    assert "Orders service, staging" in _text(client.get(f"/dashboard/endpoints/{endpoint_id}"))
+    assert "Orders service, staging" in _text(client.get("/dashboard/deliveries"))
+    assert "Orders service, staging" in _text(client.get("/dashboard/"))
+
+
+def test_edit_changes_and_clears_the_description(app, client, brand, write_key):
+    endpoint_id, _ = _register(app, brand)
+    token = sign_in(client, write_key)
+    fields = {"url": "http://127.0.0.1:9/hooks", "events": ["deal.completed"]}
+    response = client.post(
+        f"/dashboard/endpoints/{endpoint_id}",
+        data=fields | {"description": "Billing"},
+        headers=htmx(token),
+    )
+    assert response.status_code == 200
+    assert "Billing" in _text(response).split('id="endpoint-summary"')[1]
+    assert _endpoint_row(app, endpoint_id).description == "Billing"
+    response = client.post(
+        f"/dashboard/endpoints/{endpoint_id}",
+        data=fields | {"description": "bad\x07bell"},
+        headers=htmx(token),
+    )
+    assert response.status_code == 422
+    assert "Must not contain control characters" in _text(response)
+    assert _endpoint_row(app, endpoint_id).description == "Billing"
+    client.post(
+        f"/dashboard/endpoints/{endpoint_id}",
+        data=fields | {"description": ""},
+        headers=htmx(token),
+    )
+    assert _endpoint_row(app, endpoint_id).description is None
 
 
 @pytest.mark.parametrize(
@@ -542,10 +603,64 @@ def test_rotate_secret_without_js_shows_it_on_the_page(app, client, brand, write
     response = client.post(
         f"/dashboard/endpoints/{endpoint_id}/rotate-secret", data={"csrf_token": token}
     )
-    assert response.status_code == 200
-    page = _text(response)
+    assert response.status_code == 303
+    assert response.headers["Location"] == (
+        f"/dashboard/endpoints/{endpoint_id}#endpoint-secret-panel"
+    )
+    page = _text(client.get(f"/dashboard/endpoints/{endpoint_id}"))
     assert "<html" in page and "Verify signatures" in page
-    assert len(set(SIGNING_SECRET.findall(page))) == 1
+    [secret] = set(SIGNING_SECRET.findall(page))
+    with app.test_request_context():
+        assert secret_box().decrypt(_endpoint_row(app, endpoint_id).secret_ciphertext) == secret
+    # Shown once: a reload reads the page without it, and rotates nothing.
+    again = _text(client.get(f"/dashboard/endpoints/{endpoint_id}"))
+    assert not SIGNING_SECRET.search(again)
+    with app.test_request_context():
+        assert secret_box().decrypt(_endpoint_row(app, endpoint_id).secret_ciphertext) == secret
+
+
+def test_destructive_endpoint_actions_ask_on_a_page_without_javascript(
+    app, client, brand, write_key
+):
+    endpoint_id, _ = _register(app, brand)
+    sign_in(client, write_key)
+    page = _text(client.get(f"/dashboard/endpoints/{endpoint_id}"))
+    for action, title, button in [
+        ("delete", "Delete this endpoint?", "Delete endpoint"),
+        ("rotate-secret", "Rotate the signing secret?", "Rotate secret"),
+        ("disable", "Disable this endpoint?", "Disable"),
+    ]:
+        url = f"/dashboard/endpoints/{endpoint_id}/{action}"
+        # The button is a GET form to the question; htmx posts after its own dialog.
+        assert f'<form method="get" action="{url}"\n' in page, action
+        assert f'hx-post="{url}"' in page, action
+        question = _text(client.get(url))
+        assert f'<h1 id="confirm-title">{title}</h1>' in question
+        assert f'<form method="post" action="{url}"' in question
+        assert f'<button type="submit" class="button button-danger">{button}</button>' in question
+        assert f'href="/dashboard/endpoints/{endpoint_id}">Cancel</a>' in question
+    row = _endpoint_row(app, endpoint_id)
+    assert (row.deleted_at, row.disabled_at) == (None, None)  # asking changed nothing
+
+
+def test_every_plain_form_post_answers_with_a_redirect_to_a_page(app, client, brand, write_key):
+    """Without JavaScript a reload of what a POST answered must never repeat it."""
+    endpoint_id, _ = _register(app, brand)
+    token = sign_in(client, write_key)
+    fields = {"url": "http://127.0.0.1:9/hooks", "events": ["deal.completed"]}
+    for path, data in [
+        ("/dashboard/endpoints", fields),
+        (f"/dashboard/endpoints/{endpoint_id}", fields),
+        (f"/dashboard/endpoints/{endpoint_id}/send-test", {}),
+        (f"/dashboard/endpoints/{endpoint_id}/disable", {}),
+        (f"/dashboard/endpoints/{endpoint_id}/enable", {}),
+        (f"/dashboard/endpoints/{endpoint_id}/rotate-secret", {}),
+        (f"/dashboard/endpoints/{endpoint_id}/delete", {}),
+    ]:
+        response = client.post(path, data=data | {"csrf_token": token})
+        assert response.status_code == 303, path
+        target = response.headers["Location"]
+        assert client.get(target).status_code == 200, (path, target)
 
 
 def test_delete_returns_to_the_list_and_the_endpoint_is_gone(app, client, brand, write_key):
@@ -588,12 +703,16 @@ def test_send_test_queues_a_ping_and_links_its_delivery(app, client, brand, writ
     with app.app_context():
         delivery = db.session.get(WebhookDelivery, delivery_id)
         assert (delivery.endpoint_id, delivery.event_name) == (endpoint_id, "webhook.test")
-    # as a plain form, the endpoint's page says the same
+    # As a plain form: back to the endpoint's page, which says so; a reload sends nothing.
     response = client.post(
         f"/dashboard/endpoints/{endpoint_id}/send-test", data={"csrf_token": token}
     )
-    assert response.status_code == 202
-    assert "Test ping queued as delivery" in _text(response)
+    assert response.status_code == 303
+    assert response.headers["Location"] == f"/dashboard/endpoints/{endpoint_id}"
+    page = _text(client.get(response.headers["Location"]))
+    assert "Test ping queued as delivery whd_" in page
+    client.get(response.headers["Location"])
+    assert _delivery_statuses(app, endpoint_id) == ["pending", "pending"]
 
 
 def test_send_test_on_a_disabled_endpoint_is_not_found(app, client, brand, write_key):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 from sqlalchemy import func, select
@@ -18,6 +19,12 @@ def _first_key(client, **fields):
     return client.post("/dashboard/first-key", data={"csrf_token": token, **fields})
 
 
+def _session_cookie(app, client) -> dict:
+    """What the browser's session cookie holds, decoded as anyone holding it could."""
+    cookie = client.get_cookie(app.config.get("SESSION_COOKIE_NAME", "session"))
+    return app.session_interface.get_signing_serializer(app).loads(cookie.value)
+
+
 def _active_keys(app, brand_id: str) -> int:
     with app.app_context():
         return db.session.scalar(
@@ -32,13 +39,26 @@ def test_first_key_with_a_bootstrap_token_signs_in_and_shows_the_secret_once(
     response = _first_key(
         client, brandId=brand, bootstrapToken=bootstrap, name="dashboard", scopes=["read", "write"]
     )
-    assert response.status_code == 201
+    # A redirect to the page that shows the secret: a reload of that page posts nothing.
+    assert response.status_code == 303
+    assert response.headers["Location"] == "/dashboard/first-key/created"
+    assert SECRET.search(response.get_data(as_text=True)) is None
+    # The secret crosses the redirect in the session cookie, sealed: not readable in it.
+    assert not SECRET.search(json.dumps(_session_cookie(app, client)))
+    response = client.get("/dashboard/first-key/created")
+    assert response.status_code == 200
     page = response.get_data(as_text=True)
     secrets_shown = SECRET.findall(page)
     assert len(set(secrets_shown)) == 1
     secret = secrets_shown[0]
     assert "shown this once" in page
     assert bootstrap not in page
+    # Reloading finds the secret gone, and goes on to the dashboard instead of "form expired".
+    again = client.get("/dashboard/first-key/created")
+    assert again.status_code == 303 and again.headers["Location"] == "/dashboard/"
+    overview = client.get("/dashboard/").get_data(as_text=True)
+    assert "its secret was shown once" in overview
+    assert secret not in overview
     # signed in with the new key, which works against the API too
     keys_page = client.get("/dashboard/keys").get_data(as_text=True)
     assert "this session" in keys_page
@@ -137,7 +157,9 @@ def test_revoke_another_key_keeps_the_session(app, client, brand, write_key, mak
     make_key(brand, name="old-service")
     token = sign_in(client, write_key)
     page = client.get("/dashboard/keys").get_data(as_text=True)
-    old_id = re.search(r'<tr id="key-(key_[^"]+)">\s*<td>old-service', page).group(1)
+    old_id = re.search(
+        r'<tr id="key-(key_[^"]+)">\s*<td data-label="Name">old-service', page
+    ).group(1)
     response = client.post(f"/dashboard/keys/{old_id}/revoke", headers=htmx(token))
     assert response.status_code == 200
     fragment = response.get_data(as_text=True)
@@ -160,14 +182,101 @@ def test_revoke_a_key_of_another_brand_is_not_found(app, client, brand, write_ke
     assert _active_keys(app, other) == 1
 
 
-def test_create_key_without_javascript_shows_the_secret_on_the_page(client, brand, write_key):
+def test_create_key_without_javascript_redirects_and_shows_the_secret_once(
+    app, client, brand, write_key
+):
     token = sign_in(client, write_key)
     response = client.post(
         "/dashboard/keys", data={"name": "no-js", "scopes": ["read"], "csrf_token": token}
     )
-    assert response.status_code == 201
-    page = response.get_data(as_text=True)
+    assert response.status_code == 303
+    assert response.headers["Location"] == "/dashboard/keys#key-create"
+    page = client.get("/dashboard/keys").get_data(as_text=True)
     assert "<html" in page
-    assert len(set(SECRET.findall(page))) == 1
+    [secret] = set(SECRET.findall(page))
     assert page.count('id="key-rows"') == 1
     assert "no-js" in page.split('id="key-rows"')[1]
+    # A reload reads the page again: no second key, and the secret is not shown again.
+    reloaded = client.get("/dashboard/keys").get_data(as_text=True)
+    assert secret not in reloaded and "no-js" in reloaded
+    assert _active_keys(app, brand) == 2
+
+
+def test_a_bootstrap_token_pasted_as_an_api_key_points_to_the_first_key_page(
+    client, brand, make_bootstrap_token
+):
+    bootstrap = make_bootstrap_token(brand)
+    response = client.post(
+        "/dashboard/sign-in", data={"apiKey": bootstrap, "csrf_token": csrf_token(client)}
+    )
+    assert response.status_code == 303
+    page = client.get(response.headers["Location"]).get_data(as_text=True)
+    assert "That is a bootstrap token, not an API key" in page
+    error = page.split('id="apiKey-error">')[1].split("</p>")[0]
+    assert '<a href="/dashboard/first-key">Create your brand' in error
+    assert bootstrap not in page
+    assert client.get("/dashboard/").status_code == 303  # not signed in
+
+
+def test_revoking_the_key_whose_secret_is_shown_takes_its_secret_box_away(
+    app, client, brand, write_key
+):
+    token = sign_in(client, write_key)
+    created = client.post(
+        "/dashboard/keys", data={"name": "mistake", "scopes": ["read"]}, headers=htmx(token)
+    ).get_data(as_text=True)
+    [key_id] = re.findall(r'id="shown-key-id" name="shownKeyId" value="(key_\w+)"', created)
+    # The revoke button sends which key's secret the page shows (hx-include).
+    page = client.get("/dashboard/keys").get_data(as_text=True)
+    assert 'hx-include="#shown-key-id"' in page
+    response = client.post(
+        f"/dashboard/keys/{key_id}/revoke", data={"shownKeyId": key_id}, headers=htmx(token)
+    )
+    fragment = response.get_data(as_text=True)
+    assert '<div id="key-form-panel" hx-swap-oob="true">' in fragment
+    assert "Create a key" in fragment.split('id="key-form-panel"')[1]
+    # Revoking another key leaves the box of the key just made alone.
+    kept = client.post(
+        "/dashboard/keys", data={"name": "new-one", "scopes": ["read"]}, headers=htmx(token)
+    ).get_data(as_text=True)
+    [new_id] = re.findall(r'name="shownKeyId" value="(key_\w+)"', kept)
+    old = _other_key_id(app, brand)
+    response = client.post(
+        f"/dashboard/keys/{old}/revoke", data={"shownKeyId": new_id}, headers=htmx(token)
+    )
+    assert response.status_code == 200
+    assert 'id="key-form-panel"' not in response.get_data(as_text=True)
+
+
+def _other_key_id(app, brand_id: str) -> str:
+    """A spare key of the brand, made now."""
+    with app.app_context():
+        from services.api_keys import create_api_key
+
+        key_id = create_api_key(brand_id=brand_id, name="spare", created_by="tests").record.id
+        db.session.commit()
+        return key_id
+
+
+def test_revoking_without_javascript_asks_on_a_page_first(app, client, brand, write_key, make_key):
+    make_key(brand, name="old-service")
+    token = sign_in(client, write_key)
+    page = client.get("/dashboard/keys").get_data(as_text=True)
+    old_id = re.search(
+        r'<tr id="key-(key_[^"]+)">\s*<td data-label="Name">old-service', page
+    ).group(1)
+    # The button is a GET form: without JavaScript it opens the question, changing nothing.
+    assert f'<form method="get" action="/dashboard/keys/{old_id}/revoke"' in page
+    question = client.get(f"/dashboard/keys/{old_id}/revoke")
+    assert question.status_code == 200
+    text = question.get_data(as_text=True)
+    assert "Revoke the key “old-service”?" in text
+    assert "Every request with it fails at once. This cannot be undone." in text
+    assert f'<form method="post" action="/dashboard/keys/{old_id}/revoke"' in text
+    assert 'href="/dashboard/keys">Cancel</a>' in text
+    assert _active_keys(app, brand) == 2
+    answer = client.post(f"/dashboard/keys/{old_id}/revoke", data={"csrf_token": token})
+    assert answer.status_code == 303 and answer.headers["Location"] == "/dashboard/keys"
+    assert "Key svc_live_" in client.get("/dashboard/keys").get_data(as_text=True)
+    assert _active_keys(app, brand) == 1
+    assert client.get(f"/dashboard/keys/{old_id}/revoke").status_code == 404

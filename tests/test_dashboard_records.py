@@ -112,7 +112,7 @@ def test_conversions_list_shows_each_postback(app, client, brand, write_key):
         ids["wide"],
         ids["deal"],
     ]
-    for label in ["Time", "Event type", "Value", "Link code", "Attributed", "Campaign / deal"]:
+    for label in ["Time", "Event type", "Value", "Link code", "Attribution", "Campaign / deal"]:
         assert re.search(rf"<th[^>]*>{label}</th>", page), label
     assert "<th>Idempotency key</th>" in page
     row = page[page.index(f'id="conversion-{ids["deal"]}"') :].split("</tr>")[0]
@@ -121,10 +121,32 @@ def test_conversions_list_shows_each_postback(app, client, brand, write_key):
     assert shop["campaign"] in row and shop["deal"] in row
     assert "Harmattan Glow launch" in row and "@adaeze.cooks" in row
     assert "order-0001-purchase" in row
-    assert "attributed" in row
-    unknown = page[page.index(f'id="conversion-{ids["unknown"]}"') :].split("</tr>")[0]
-    assert "not one of your links" in unknown
-    assert shop["campaign"] not in unknown
+    assert 'data-attribution="link">counted on your link' in row
+
+
+def test_each_conversion_says_what_its_code_or_click_id_came_to(app, client, brand, read_key):
+    """SPEC rule 2 makes an unknown code `attributed: true`; the page says precisely that it
+    was not counted anywhere, instead of a green "attributed" beside it."""
+    shop = _shop(app, brand)
+    ids = _conversions(app, brand, shop)
+    sign_in(client, read_key)
+    page = client.get("/dashboard/conversions").get_data(as_text=True)
+
+    def attribution(name: str) -> str:
+        row = page[page.index(f'id="conversion-{ids[name]}"') :].split("</tr>")[0]
+        cell = row.split('class="attribution">')[1].split("</td>")[0]
+        return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", cell)).strip()
+
+    assert attribution("deal") == "counted on your link"
+    assert attribution("wide") == "counted on your link"
+    assert attribution("unknown") == "code not recognised not counted on any link"
+    assert attribution("lead") == "click id only not counted on any link"
+    assert attribution("signup") == "not attributed"
+    assert "badge-attributed" not in page
+    detail = client.get(f"/dashboard/conversions/{ids['unknown']}").get_data(as_text=True)
+    assert "code not recognised" in detail
+    assert "<code>NOPE99</code> is none of your tracked links' codes" in detail
+    assert "<code>attributed: true</code>" in detail
 
 
 def test_one_conversion_shows_its_metadata_as_json(app, client, brand, read_key):

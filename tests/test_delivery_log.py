@@ -7,8 +7,10 @@ import time
 from datetime import timedelta
 
 import pytest
+from sqlalchemy import update
 
 from extensions import db
+from models import WebhookDelivery
 from models.columns import utcnow
 from services.events import publish_event
 from tests.helpers import assert_error, assert_success
@@ -22,6 +24,7 @@ DELIVERY_FIELDS = {
     "eventId",
     "eventName",
     "status",
+    "retrying",
     "httpStatus",
     "attemptCount",
     "lastError",
@@ -238,6 +241,44 @@ def test_filters_by_status_event_and_endpoint(app, client, brand, write_key, rea
     assert meta["total"] == 2
 
 
+def test_retrying_finds_the_pending_deliveries_whose_endpoint_is_failing(
+    app, client, brand, write_key, read_key
+):
+    """A failing delivery stays `pending` for up to a day: `status=failed` does not find it,
+    `retrying=true` does, and says so on each record."""
+    register(client, brand, write_key)
+    failing, waiting, settled = publish(app, brand), publish(app, brand), publish(app, brand)
+    with app.app_context():
+        db.session.execute(
+            update(WebhookDelivery)
+            .where(WebhookDelivery.id == failing[0])
+            .values(
+                attempt_count=2,
+                http_status=503,
+                last_error="HTTP 503",
+                next_attempt_at=utcnow() + timedelta(minutes=30),
+            )
+        )
+        db.session.execute(
+            update(WebhookDelivery)
+            .where(WebhookDelivery.id == settled[0])
+            .values(status="failed", attempt_count=8, last_error="HTTP 503")
+        )
+        db.session.commit()
+
+    assert ids(client, brand, read_key, status="failed") == settled
+    assert ids(client, brand, read_key, retrying="true") == failing
+    assert ids(client, brand, read_key, status="pending", retrying="false") == waiting
+    assert sorted(ids(client, brand, read_key, retrying="false")) == sorted(waiting + settled)
+    records = {item["id"]: item for item in fetch_page(client, brand, read_key)[0]}
+    assert records[failing[0]]["retrying"] is True
+    assert records[failing[0]]["status"] == "pending"  # CONTRACT 6.2: the status is kept
+    assert records[failing[0]]["nextRetryAt"].endswith("Z")
+    assert records[waiting[0]]["retrying"] is False
+    assert records[settled[0]]["retrying"] is False
+    assert detail(client, brand, read_key, failing[0])["retrying"] is True
+
+
 def test_filtering_by_an_unknown_or_foreign_endpoint_finds_nothing(
     app, client, brand, write_key, make_brand, make_key
 ):
@@ -273,6 +314,7 @@ def test_the_log_shows_only_the_calling_brands_deliveries(
         ({"limit": "ten"}, "limit"),
         ({"status": "done"}, "status"),
         ({"status": ""}, "status"),
+        ({"retrying": "sometimes"}, "retrying"),
         ({"eventName": "deal.finished"}, "eventName"),
         ({"sortOrder": "newest"}, "sortOrder"),
         ({"color": "blue"}, "color"),
@@ -436,12 +478,14 @@ def test_the_log_records_a_failed_attempt_and_the_successful_retry(
         assert after_failure["httpStatus"] == 500
         assert after_failure["lastError"]
         assert after_failure["nextRetryAt"] is not None
+        assert after_failure["retrying"] is True
 
     assert delivered["status"] == "delivered", output
     assert delivered["attemptCount"] == 2
     assert delivered["httpStatus"] == 200
     assert delivered["deliveredAt"].endswith("Z")
     assert delivered["nextRetryAt"] is None
+    assert delivered["retrying"] is False
     failed, succeeded = delivered["attempts"]
     assert set(failed) >= ATTEMPT_FIELDS
     assert [failed["attemptNumber"], succeeded["attemptNumber"]] == [1, 2]
@@ -453,3 +497,27 @@ def test_the_log_records_a_failed_attempt_and_the_successful_retry(
 
     listed = ids(client, brand, write_key, status="delivered")
     assert listed == [delivery_id]
+
+
+def test_event_id_finds_an_events_deliveries_and_redeliveries(app, client, brand, write_key):
+    register(client, brand, write_key)
+    register(client, brand, write_key)
+    first = publish(app, brand, now=utcnow() - timedelta(minutes=10))
+    publish(app, brand)
+    again = assert_success(redeliver(client, brand, write_key, first[0]), 202)["deliveryId"]
+    event_id = detail(client, brand, write_key, first[0])["eventId"]
+    assert sorted(ids(client, brand, write_key, eventId=event_id)) == sorted([*first, again])
+    assert ids(client, brand, write_key, eventId=event_id, endpointId="whe_none") == []
+    assert ids(client, brand, write_key, eventId="evt_01jd3kw3x5y7z9a1b3c5d7e9f1") == []
+    response = fetch(client, brand, write_key, eventId=first[0])  # a delivery id, not an event's
+    assert "eventId" in assert_error(response, 400, "VALIDATION_ERROR")["errors"]
+
+
+def test_event_id_of_another_brands_event_finds_nothing(
+    app, client, brand, write_key, make_brand, make_key
+):
+    other = make_brand("Other")
+    register(client, other, make_key(other))
+    [theirs] = publish(app, other)
+    event_id = detail(client, other, make_key(other), theirs)["eventId"]
+    assert ids(client, brand, write_key, eventId=event_id) == []

@@ -162,3 +162,39 @@ def test_simulate_with_no_demo_brand_says_to_seed_one(app, runner, make_brand):
     assert result.stderr.strip().count("\n") == 0
     assert "demo seed" in result.stderr
     assert stored_events(app, other) == {}
+
+
+def test_simulate_on_a_brand_with_no_data_exits_non_zero_and_says_so(app, runner, make_brand):
+    empty = make_brand("Acme Foods")
+    result = runner.invoke(args=["demo", "simulate", "--brand", empty])
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    error = result.stderr.strip()
+    assert error.count("\n") == 0
+    assert f"Brand {empty} has nothing to move" in error and "demo seed" in error
+    assert stored_events(app, empty) == {}
+
+
+def test_the_first_demo_brand_has_the_readmes_link_code_and_later_ones_their_own(
+    runner, client, make_key
+):
+    first = json.loads(runner.invoke(args=["demo", "seed"]).stdout)
+    second = json.loads(runner.invoke(args=["demo", "seed"]).stdout)
+    assert first["linkCode"] == "GLOW-TOBI"
+    assert second["linkCode"] == f"GLOW-TOBI-{second['brandId'][-4:].upper()}"
+    for seeded in (first, second):
+        reader = Reader(client, seeded["brandId"], make_key(seeded["brandId"]))
+        [link] = reader.get(f"tracked-link/fetch-links?code={seeded['linkCode']}")["links"]
+        deal = reader.get(f"deals/{link['dealId']}")
+        assert (deal["creatorHandle"], deal["status"]) == ("@tobi.fits", "in_progress")
+
+
+def test_demo_brand_prints_the_newest_demo_brands_id(runner, make_brand):
+    assert runner.invoke(args=["demo", "brand"]).exit_code == 1  # none yet
+    seed(runner)
+    newest = seed(runner)
+    make_brand("Acme Foods")  # newer, but not a demo brand
+    result = runner.invoke(args=["demo", "brand"])
+    assert result.exit_code == 0
+    assert result.stdout == newest + "\n"
+    assert "Kola Naturals (demo); link code GLOW-TOBI-" in result.stderr

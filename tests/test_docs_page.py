@@ -105,8 +105,10 @@ def test_page_has_no_script_and_no_inline_style(page):
 
 def test_page_loads_only_the_apps_own_stylesheets(docs_app, page):
     sheets = re.findall(r'<link rel="stylesheet" href="([^"]+)"', page)
+    icons = re.findall(r'<link rel="icon" href="([^"]+)"', page)
     assert sheets
-    assert re.findall(r"<link\b", page) == ["<link"] * len(sheets)
+    assert icons == ["/favicon.ico", "/static/favicon.svg"]
+    assert re.findall(r"<link\b", page) == ["<link"] * (len(sheets) + len(icons))
     client = docs_app.test_client()
     for href in sheets:
         assert href.startswith("/static/"), href
@@ -381,7 +383,8 @@ def test_description_formatting_is_escaped_first():
 
 
 def test_reference_resolves_refs_and_builds_examples(spec):
-    reference = api_reference(spec, "https://api.example.test/")
+    # A relative server URL is taken from the site the reader reached.
+    reference = api_reference(spec | {"servers": [{"url": "/api/v1"}]}, "https://api.example.test/")
     by_id = {op["id"]: op for tag in reference["tags"] for op in tag["operations"]}
     assert set(by_id) == {op["operationId"] for _p, _m, op in operations(spec)}
     create = by_id["createKey"]

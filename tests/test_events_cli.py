@@ -8,15 +8,19 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from rq import Worker
 from sqlalchemy import func, select
 
 from extensions import db
 from models import WebhookDelivery, WebhookEvent
-from models.event_catalog import sample_data
+from models.event_catalog import EVENT_NAMES, sample_data
 from tests.helpers import assert_success
+from tests.worker_process import WorkerProcess
+from workers.connection import redis_connection
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -154,3 +158,55 @@ def test_emit_error_in_a_real_process(app, app_environ, brand):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "deal.finished" in lines[0], result.stderr
     assert counts(app) == (0, 0)
+
+
+def test_emit_says_the_sample_ids_are_samples_and_the_delivery_waits_for_a_worker(
+    app, runner, client, brand, write_key
+):
+    """No worker runs in this test: the command says the delivery waits for one."""
+    register(client, brand, write_key, ["deal.completed"])
+    with app.app_context():  # what earlier tests' killed workers left registered
+        for stale in Worker.all(connection=redis_connection(app)):
+            stale.register_death()
+
+    result = runner.invoke(args=["events", "emit", brand, "deal.completed"])
+
+    assert result.exit_code == 0, result.output
+    assert re.fullmatch(r"evt_\w+\n", result.stdout)
+    notes = result.stderr
+    assert "No --data: sent the catalogue's sample data for deal.completed" in notes
+    assert "its ids are samples, not records of this brand" in notes
+    assert "Queued 1 delivery." in notes
+    assert "No webhook worker is running: the deliveries wait until one starts." in notes
+    assert "`.venv/bin/flask --app app worker`" in notes
+
+
+def test_emit_with_data_and_a_running_worker_says_only_what_it_queued(
+    app, app_environ, runner, client, brand, write_key
+):
+    register(client, brand, write_key, ["deal.completed"])
+    worker = WorkerProcess(app_environ)
+    try:
+        deadline = time.monotonic() + 20
+        with app.app_context():
+            while not Worker.all(connection=redis_connection(app)):
+                assert time.monotonic() < deadline, worker.output()
+                time.sleep(0.1)
+        result = runner.invoke(args=["events", "emit", brand, "deal.completed", "--data", "{}"])
+    finally:
+        worker.stop()
+    assert result.exit_code == 0, result.output
+    assert result.stderr.strip() == "Queued 1 delivery."
+
+
+def test_emit_to_nobody_says_nothing_is_delivered(runner, brand):
+    result = runner.invoke(args=["events", "emit", brand, "escrow.held", "--data", "{}"])
+    assert result.exit_code == 0
+    assert "No active endpoint of this brand subscribes to escrow.held" in result.stderr
+
+
+def test_emit_help_lists_every_event_name(runner):
+    result = runner.invoke(args=["events", "emit", "--help"])
+    assert result.exit_code == 0
+    listed = result.output.split("EVENT_NAME is one of:")[1].split()
+    assert listed == list(EVENT_NAMES)

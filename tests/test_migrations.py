@@ -159,3 +159,42 @@ def test_subscriptions_become_jsonb_and_back_in_order(app_environ, backends):
             downgrade(revision="0005")
             assert stored() == ("json", expected)
             db.engine.dispose()
+
+
+def test_endpoint_descriptions_come_with_0007_and_go_with_its_downgrade(app_environ, backends):
+    """0007 gives existing endpoints no description, and its downgrade keeps the endpoints."""
+    at = "2026-11-01 00:00:00+00:00"
+    with scratch_database(backends) as url:
+        scratch = create_app({**app_environ, "DATABASE_URL": url})
+        with scratch.app_context():
+            upgrade(revision="0006")
+            with db.engine.begin() as connection:
+                connection.execute(
+                    text(
+                        "INSERT INTO brands VALUES ('brd_m', 'Mig', 'growth', 'verified', :at,"
+                        " :at, :at)"
+                    ),
+                    {"at": at},
+                )
+                connection.execute(
+                    text(
+                        "INSERT INTO webhook_endpoints (id, brand_id, url, events,"
+                        " secret_ciphertext, consecutive_failures, created_at, updated_at)"
+                        " VALUES ('whe_m', 'brd_m', 'https://example.com/h', '[]', 'x', 0, :at,"
+                        " :at)"
+                    ),
+                    {"at": at},
+                )
+            upgrade(revision="0007")
+            with db.engine.begin() as connection:
+                query = "SELECT description FROM webhook_endpoints WHERE id = 'whe_m'"
+                assert connection.execute(text(query)).scalar_one() is None
+                connection.execute(text("UPDATE webhook_endpoints SET description = 'Orders'"))
+                assert connection.execute(text(query)).scalar_one() == "Orders"
+            downgrade(revision="0006")
+            columns = {c["name"] for c in inspect(db.engine).get_columns("webhook_endpoints")}
+            assert "description" not in columns
+            with db.engine.connect() as connection:
+                count = "SELECT count(*) FROM webhook_endpoints WHERE id = 'whe_m'"
+                assert connection.execute(text(count)).scalar_one() == 1
+            db.engine.dispose()

@@ -135,3 +135,52 @@ def test_every_field_of_the_platform_records_is_described(client):
     for operation_id in PLATFORM_OPERATIONS:
         for parameter in operations[operation_id].get("parameters", []):
             assert parameter.get("description"), (operation_id, parameter["name"])
+
+
+def test_servers_give_the_absolute_base_of_this_deployment(client):
+    spec = client.get("/api/v1/openapi.json", base_url="https://api.example.test").get_json()
+    assert spec["servers"] == [
+        {"url": "https://api.example.test/api/v1", "description": "This deployment"}
+    ]
+    assert spec["info"]["license"] == {
+        "name": "Proprietary",
+        "url": "https://api.example.test/docs#license",
+    }
+
+
+def test_path_ids_declare_their_prefix_so_no_two_paths_match_one_url(client):
+    """`/webhook/{endpointId}/delete-endpoint` and `/webhook/deliveries/{deliveryId}` look
+    ambiguous to a linter; the endpoint id's pattern rules `deliveries` out."""
+    spec = client.get("/api/v1/openapi.json").get_json()
+    patterns = {}
+    for item in spec["paths"].values():
+        for operation in item.values():
+            for parameter in operation["parameters"]:
+                if parameter["in"] == "path":
+                    patterns[parameter["name"]] = parameter["schema"]["pattern"]
+    assert patterns["endpointId"] == "^whe_[0-9a-z]+$"
+    assert not re.match(patterns["endpointId"], "deliveries")
+    assert len(patterns) == 10 and all(p.startswith("^") for p in patterns.values())
+    assert "look alike to a\nlinter" in spec["info"]["description"]
+
+
+def test_record_postback_documents_the_201_and_the_replays_200_apart(client):
+    spec = client.get("/api/v1/openapi.json").get_json()
+    responses = spec["paths"]["/brand/{brandId}/conversion/record-postback"]["post"]["responses"]
+
+    def data_schema(status: str) -> dict:
+        envelope = responses[status]["content"]["application/json"]["schema"]["$ref"]
+        data = spec["components"]["schemas"][envelope.split("/")[-1]]["properties"]["data"]
+        return spec["components"]["schemas"][data["$ref"].split("/")[-1]]
+
+    assert data_schema("201")["properties"]["replay"]["example"] is False
+    assert data_schema("200")["properties"]["replay"]["example"] is True
+
+
+def test_record_examples_are_whole_consistent_records(client):
+    schemas = client.get("/api/v1/openapi.json").get_json()["components"]["schemas"]
+    campaign = schemas["Campaign"]["example"]
+    assert campaign["status"] == "active" and campaign["publishedAt"]
+    assert campaign["completedAt"] is None and campaign["cancelledAt"] is None
+    for name in ("Campaign", "Deal", "Placement", "EscrowHold", "TrackedLink", "Conversion"):
+        assert set(schemas[name]["example"]) == set(schemas[name]["properties"]), name

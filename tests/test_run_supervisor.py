@@ -294,6 +294,7 @@ def test_first_run_seeds_serves_and_stops_everything_on_ctrl_c(tmp_path, launch,
     brand = re.search(r"Brand id:\s+(brd_\w+)", output)
     token = re.search(r"Bootstrap token:\s+(bst_\w+)", output)
     assert brand and token, output
+    assert re.search(r"Link code:\s+GLOW-TOBI\s", output), output
     assert f"http://127.0.0.1:{supervisor.port}/api/v1/brand/{brand[1]}/api-key/" in output
     assert f"http://127.0.0.1:{supervisor.port}/docs" in output
 
@@ -339,7 +340,13 @@ def test_a_second_run_finds_its_data_again_and_does_not_seed(tmp_path, launch, m
     assert "Reusing the embedded PostgreSQL" not in supervisor.output  # stopped, not left running
     assert "Bootstrap token:" not in supervisor.output
     assert "bst_" not in supervisor.output
-    assert "brands issue-bootstrap-token BRAND_ID" in supervisor.output
+    # The demo brand's id, beside the command that issues it a token.
+    assert f"The demo brand is {brand[1]} (Kola Naturals (demo); link code GLOW-TOBI" in (
+        supervisor.output
+    )
+    assert f".venv/bin/flask --app app brands issue-bootstrap-token {brand[1]}" in (
+        supervisor.output
+    )
     # Same database: the token the first run printed still creates the brand's first key.
     status, body = create_first_key(supervisor, brand[1], token[1])
     assert status == 201, body

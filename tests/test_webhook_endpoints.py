@@ -23,6 +23,7 @@ DEFAULT_EVENTS = {"deal.completed", "conversion.recorded"}
 ENDPOINT_FIELDS = {
     "id",
     "url",
+    "description",
     "events",
     "isActive",
     "consecutiveFailures",
@@ -100,6 +101,9 @@ def test_register_returns_the_endpoint_and_its_signing_secret(client, brand, wri
     assert data["consecutiveFailures"] == 0
     assert data["disabledAt"] is None
     assert data["createdAt"].endswith("Z")
+    assert data["description"] is None
+    assert data["droppedEvents"] == []
+    assert set(data) == ENDPOINT_FIELDS | {"signingSecret", "droppedEvents"}
 
 
 def test_register_gives_each_endpoint_its_own_id_and_secret(client, brand, write_key):
@@ -120,11 +124,57 @@ def test_register_drops_unsupported_event_names(client, brand, write_key):
         client, brand, write_key, events=["deal.finished", "placement.verified", "nonsense"]
     )
     assert data["events"] == ["placement.verified"]
+    # Still a 201, and the answer says what was dropped (CONTRACT 10), each name once.
+    assert data["droppedEvents"] == ["deal.finished", "nonsense"]
 
 
 def test_register_keeps_each_event_once(client, brand, write_key):
     data = register(client, brand, write_key, events=["escrow.held", "escrow.held"])
     assert data["events"] == ["escrow.held"]
+    assert data["droppedEvents"] == []
+
+
+def test_register_reports_a_dropped_name_once_in_the_order_given(client, brand, write_key):
+    data = register(
+        client, brand, write_key, events=["escrow.relased", "deal.completed", "x", "escrow.relased"]
+    )
+    assert data["droppedEvents"] == ["escrow.relased", "x"]
+
+
+def test_a_description_tells_two_endpoints_of_one_url_apart(client, brand, write_key):
+    first = register(client, brand, write_key, description="  Orders service, production ")
+    second = register(client, brand, write_key, description="Orders service, staging")
+    assert first["description"] == "Orders service, production"  # trimmed
+    listed = {e["id"]: e["description"] for e in list_endpoints(client, brand, write_key)}
+    assert listed == {
+        first["id"]: "Orders service, production",
+        second["id"]: "Orders service, staging",
+    }
+
+
+@pytest.mark.parametrize("description", [None, "", "   "])
+def test_an_empty_description_is_none(client, brand, write_key, description):
+    assert register(client, brand, write_key, description=description)["description"] is None
+
+
+@pytest.mark.parametrize(
+    "description",
+    ["x" * 201, "line one\nline two", "tab\there", "bell\x07", "next\x85line", 42, ["a"]],
+)
+def test_a_description_too_long_or_with_control_characters_is_refused(
+    client, brand, write_key, description
+):
+    response = client.post(
+        f"{base(brand)}/register-endpoint",
+        json={"url": HOOK_URL, "description": description},
+        headers=key_header(write_key),
+    )
+    assert "description" in assert_error(response, 400, "VALIDATION_ERROR")["errors"]
+    assert list_endpoints(client, brand, write_key) == []
+
+
+def test_a_description_of_200_characters_is_kept(client, brand, write_key):
+    assert register(client, brand, write_key, description="é" * 200)["description"] == "é" * 200
 
 
 @pytest.mark.parametrize("events", [[], ["deal.finished"], ["DEAL.COMPLETED", "x"]])
@@ -247,7 +297,8 @@ def test_update_changes_the_url_and_returns_the_endpoint(client, brand, write_ke
     endpoint = register(client, brand, write_key)
     new_url = "https://other-hooks.brand-example.invalid/v2"
     data = assert_success(update(client, brand, write_key, endpoint["id"], {"url": new_url}))
-    assert set(data) == ENDPOINT_FIELDS
+    assert set(data) == ENDPOINT_FIELDS | {"droppedEvents"}
+    assert data["droppedEvents"] == []
     assert data["id"] == endpoint["id"]
     assert data["url"] == new_url
     assert set(data["events"]) == DEFAULT_EVENTS
@@ -261,9 +312,37 @@ def test_update_replaces_the_subscription(app, client, brand, write_key):
     response = update(
         client, brand, write_key, endpoint["id"], {"events": ["escrow.released", "bogus"]}
     )
-    assert assert_success(response)["events"] == ["escrow.released"]
+    data = assert_success(response)
+    assert data["events"] == ["escrow.released"]
+    assert data["droppedEvents"] == ["bogus"]
     assert publish(app, brand, "deal.completed") == []
     assert len(publish(app, brand, "escrow.released")) == 1
+
+
+def test_update_sets_changes_and_removes_the_description(client, brand, write_key):
+    endpoint = register(client, brand, write_key, description="Orders, production")
+
+    def described(body) -> str | None:
+        data = assert_success(update(client, brand, write_key, endpoint["id"], body))
+        [listed] = list_endpoints(client, brand, write_key)
+        assert listed["description"] == data["description"]
+        return data["description"]
+
+    assert described({"url": "https://hooks.brand-example.invalid/y"}) == "Orders, production"
+    assert described({"description": "Orders, staging"}) == "Orders, staging"
+    assert described({"description": ""}) is None
+    assert described({"description": "Back"}) == "Back"
+    assert described({"description": None}) is None
+
+
+def test_update_with_a_bad_description_changes_nothing(client, brand, write_key):
+    endpoint = register(client, brand, write_key, description="Orders")
+    response = update(
+        client, brand, write_key, endpoint["id"], {"url": HOOK_URL + "2", "description": "a\rb"}
+    )
+    assert "description" in assert_error(response, 400, "VALIDATION_ERROR")["errors"]
+    [listed] = list_endpoints(client, brand, write_key)
+    assert (listed["url"], listed["description"]) == (HOOK_URL, "Orders")
 
 
 @pytest.mark.parametrize("events", [[], ["deal.finished"]])

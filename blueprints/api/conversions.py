@@ -13,6 +13,7 @@ from schemas.conversions import (
     ConversionQuerySchema,
     ConversionSchema,
     PostbackHeadersSchema,
+    PostbackReplaySchema,
     PostbackResultSchema,
     PostbackSchema,
 )
@@ -43,6 +44,7 @@ REPLAY = (200, "Replay: this Idempotency-Key was recorded before")
     message="Conversion recorded",
     other_status=lambda outcome: REPLAY if outcome.replay else None,
     other_statuses=dict([REPLAY]),
+    other_schemas={REPLAY[0]: PostbackReplaySchema},
     errors=(409,),
 )
 def record_postback_route(brand_id: str, headers: dict, body: dict) -> PostbackOutcome:

@@ -4,19 +4,36 @@ test fails on it."""
 
 from __future__ import annotations
 
+import copy
 import re
 
 from apispec import APISpec
 from apispec.ext.marshmallow import MarshmallowPlugin
-from flask import Flask, current_app, jsonify
+from flask import Flask, current_app, has_request_context, jsonify, request
 
 from blueprints.api import API_PREFIX, api
 from models.api_key import WRITE
+from models.event_catalog import SAMPLE_RECORDS
 from schemas.base import camelcase
 from schemas.envelope import ErrorEnvelopeSchema, envelope_for
 
 OPENAPI_PATH = "/openapi.json"
 _PATH_PARAMETER = re.compile(r"<(?:[a-z_]+:)?([a-z_]+)>")
+
+# Every id a path carries starts with its type's prefix (CONTRACT 3); the pattern says so, which
+# also settles which path a URL is (see API_DESCRIPTION, "Paths").
+PATH_PARAMETER_PREFIXES = {
+    "brandId": "brd",
+    "keyId": "key",
+    "endpointId": "whe",
+    "deliveryId": "whd",
+    "campaignId": "cmp",
+    "dealId": "deal",
+    "linkId": "lnk",
+    "placementId": "plc",
+    "holdId": "esc",
+    "conversionId": "conv",
+}
 
 PATH_PARAMETER_DESCRIPTIONS = {
     "brandId": "The brand workspace id (`brd_…`); must be the brand of the credential.",
@@ -62,7 +79,13 @@ Every response is an envelope: `status`, `statusCode`, `message`, `data` (on suc
 `errorCode` (on failure), `requestId` (also the `X-Request-Id` header) and `meta` (on paged lists).
 Authenticate with `X-Api-Key: svc_live_…` (or `Authorization: Bearer svc_live_…`); the first key is
 created with the bootstrap token support issues (`X-Service-Bootstrap-Token: bst_…`).
+
+**Paths:** `/webhook/{endpointId}/…` and `/webhook/deliveries/{deliveryId}` look alike to a
+linter (could `deliveries` be an endpoint id?). It never is: every id starts with its type's
+prefix, which each path parameter's `pattern` states (`whe_…` for an endpoint), and a literal
+segment is always matched before a parameter.
 """
+LICENSE = {"name": "Proprietary", "anchor": "license"}
 
 
 @api.get(OPENAPI_PATH)
@@ -71,10 +94,18 @@ def openapi_document():
 
 
 def openapi_spec(app: Flask) -> dict:
-    """The document for `app`, built once per process."""
+    """The document for `app` as this request sees it: built once per process, with absolute
+    URLs of the address the request came to, so that a client generated from it needs no
+    base URL guessed (behind a proxy, the app must see the original host and scheme)."""
     if "openapi" not in app.extensions:
         app.extensions["openapi"] = build_openapi(app)
-    return app.extensions["openapi"]
+    built = app.extensions["openapi"]
+    root = request.url_root.rstrip("/") if has_request_context() else ""
+    info = built["info"] | {
+        "license": {"name": LICENSE["name"], "url": f"{root}/docs#{LICENSE['anchor']}"}
+    }
+    servers = [{"url": root + API_PREFIX, "description": "This deployment"}]
+    return built | {"info": info, "servers": servers}
 
 
 def build_openapi(app: Flask) -> dict:
@@ -124,7 +155,13 @@ def build_openapi(app: Flask) -> dict:
             for method in sorted(rule.methods - {"HEAD", "OPTIONS"})
         }
         spec.path(path=path, operations=operations)
-    return spec.to_dict()
+    document = spec.to_dict()
+    # Each record's example is a whole, consistent record (an active campaign with its
+    # publishedAt and no completedAt), not one assembled field by field.
+    schemas = document["components"]["schemas"]
+    for name, record in SAMPLE_RECORDS.items():
+        schemas[name]["example"] = copy.deepcopy(dict(record))
+    return document
 
 
 def _operation(declared, auth, arguments) -> dict:
@@ -133,7 +170,7 @@ def _operation(declared, auth, arguments) -> dict:
             "in": "path",
             "name": camelcase(name),
             "required": True,
-            "schema": {"type": "string"},
+            "schema": _path_parameter_schema(camelcase(name)),
             "description": PATH_PARAMETER_DESCRIPTIONS.get(camelcase(name), ""),
         }
         for name in sorted(arguments)
@@ -146,13 +183,12 @@ def _operation(declared, auth, arguments) -> dict:
     if declared.response is not None:
         success = {declared.status: declared.message} | declared.other_statuses
         for status, message in success.items():
+            schema = declared.other_schemas.get(status, declared.response)
             responses[str(status)] = {
                 "description": message,
                 "content": {
                     "application/json": {
-                        "schema": envelope_for(
-                            declared.response, many=declared.many, paged=declared.paged
-                        )
+                        "schema": envelope_for(schema, many=declared.many, paged=declared.paged)
                     }
                 },
             }
@@ -178,6 +214,17 @@ def _operation(declared, auth, arguments) -> dict:
         first = "BootstrapToken" if auth.bootstrap_token else "ApiKey"
         document["security"] = [{first: []}, {"Bearer": []}]
     return document
+
+
+def _path_parameter_schema(name: str) -> dict:
+    prefix = PATH_PARAMETER_PREFIXES.get(name)
+    if prefix is None:
+        return {"type": "string"}
+    return {"type": "string", "pattern": f"^{prefix}_[0-9a-z]+$", "example": _example_id(prefix)}
+
+
+def _example_id(prefix: str) -> str:
+    return f"{prefix}_01jd3k9m2x4q8r7t6v5w4y3z2a"
 
 
 def _may_fail_with(status: int, declared, auth, arguments) -> bool:

@@ -44,6 +44,9 @@ class Operation:
     # returns (status, message) for a result that is one, else None.
     other_status: Callable[[Any], tuple[int, str] | None] | None = None
     other_statuses: dict[int, str] = field(default_factory=dict)  # for the OpenAPI document
+    # The schema of another success when it documents the same fields differently (a replay's
+    # `replay: true`); the response schema dumps every success alike.
+    other_schemas: dict[int, type[Schema]] = field(default_factory=dict)
     errors: tuple[int, ...] = field(default_factory=tuple)
     # OpenAPI callbacks: requests this operation makes the service send (webhook deliveries).
     callbacks: dict | None = None

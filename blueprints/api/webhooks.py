@@ -14,11 +14,11 @@ from schemas.webhooks import (
     DeliveryQuerySchema,
     EndpointListSchema,
     EndpointRegisterSchema,
-    EndpointSchema,
     EndpointUpdateSchema,
     IssuedEndpointSchema,
     QueuedDeliverySchema,
     RotatedSecretSchema,
+    UpdatedEndpointSchema,
 )
 from services.deliveries import get_delivery_detail, list_deliveries, redeliver
 from services.webhook_endpoints import (
@@ -45,7 +45,8 @@ SIGNATURE_HELP = (
     operation_id="registerWebhookEndpoint",
     tag=ENDPOINTS,
     summary="Register a webhook endpoint",
-    description="Returns the signing secret once: store it to verify deliveries." + SIGNATURE_HELP,
+    description="Returns the signing secret once: store it to verify deliveries. Unsupported "
+    "event names are dropped and listed in `droppedEvents`." + SIGNATURE_HELP,
     body=EndpointRegisterSchema,
     response=IssuedEndpointSchema,
     status=201,
@@ -53,9 +54,7 @@ SIGNATURE_HELP = (
     callbacks=delivery_callback(),
 )
 def register_webhook_endpoint(brand_id: str, body: dict):
-    return register_endpoint(
-        brand_id=brand_id, url=body["url"], events=body["events"], policy=current_url_policy()
-    )
+    return register_endpoint(policy=current_url_policy(), brand_id=brand_id, **body)
 
 
 @api.get("/brand/<brand_id>/webhook/fetch-endpoints")
@@ -76,12 +75,13 @@ def fetch_webhook_endpoints(brand_id: str):
 @operation(
     operation_id="updateWebhookEndpoint",
     tag=ENDPOINTS,
-    summary="Change an endpoint's URL or events, or disable or re-enable it",
-    description="Give any of `url`, `events`, `isActive`. Re-enabling (`isActive: true`) "
+    summary="Change an endpoint's URL, events or description, or disable or re-enable it",
+    description="Give any of `url`, `events`, `description`, `isActive`. Re-enabling "
+    "(`isActive: true`) "
     "clears `disabledAt` and `consecutiveFailures`; deliveries failed while it was disabled "
     "can be sent again with redeliver.",
     body=EndpointUpdateSchema,
-    response=EndpointSchema,
+    response=UpdatedEndpointSchema,
     message="Webhook endpoint updated",
 )
 def update_webhook_endpoint(brand_id: str, endpoint_id: str, body: dict):

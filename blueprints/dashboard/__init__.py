@@ -22,6 +22,7 @@ def register_dashboard() -> Blueprint:
         keys,
         overview,
         records,
+        search,
         sign_in,
     )
 

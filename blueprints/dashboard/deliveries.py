@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 
-from flask import redirect, render_template, request, url_for
+from flask import flash, redirect, render_template, request, url_for
 
 from blueprints.dashboard import dashboard
 from blueprints.dashboard.rendering import chosen_filters, render, render_list
@@ -40,12 +40,14 @@ from services.signing import DELIVERY_HEADER, EVENT_HEADER, SIGNATURE_HEADER, TI
 from services.webhook_endpoints import list_endpoints
 
 # The query parameters of fetchWebhookDeliveries a page keeps (`limit` too; links add `page`).
-FILTERS = ("status", "eventName", "endpointId", "sortOrder")
+FILTERS = ("status", "retrying", "eventName", "eventId", "endpointId", "sortOrder")
 # Those that narrow the list (an empty list with one of them set is "nothing matches").
-NARROWING = ("status", "eventName", "endpointId")
+NARROWING = ("status", "retrying", "eventName", "eventId", "endpointId")
 FILTER_LABELS = {
     "status": "Status",
+    "retrying": "Retrying",
     "eventName": "Event",
+    "eventId": "Event id",
     "endpointId": "Endpoint",
     "sortOrder": "Order",
     "page": "Page",
@@ -190,6 +192,10 @@ def redeliver_delivery(delivery_id: str):
     disabled endpoint is NotFound, as in the API, shown as the error."""
     new_id = redeliver(brand_id=current_caller().brand_id, delivery_id=delivery_id)
     db.session.commit()
+    if not is_htmx():
+        # A plain form: the new delivery's page, which a reload only reads.
+        flash(f"Redelivery queued: this is the new delivery of {delivery_id}'s event.", "success")
+        return redirect(url_for("dashboard.delivery", delivery_id=new_id), code=303)
     return render(
         "dashboard/delivery.html",
         fragment="dashboard/_delivery_redeliver.html",

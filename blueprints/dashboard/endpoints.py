@@ -4,6 +4,10 @@ signature-verification snippets (SPEC sections 2-4 and 6, CONTRACT 4 and 6).
 
 Every action calls the service function the JSON route in blueprints/api/webhooks.py calls, with
 the same URL policy; records are the API's response schemas' dumps, so no secret is ever listed.
+
+htmx posts get the fragment that changed; a plain form's post is answered with a 303 to a page
+(a reload never repeats the action), a new secret reaching that page once (`one_time`).
+Disabling, rotating and deleting ask first: htmx with a dialog, a plain form with a page.
 """
 
 from __future__ import annotations
@@ -14,8 +18,8 @@ from urllib.parse import urlsplit
 
 from flask import flash, redirect, request, url_for
 
-from blueprints.dashboard import dashboard
-from blueprints.dashboard.rendering import load_form, render
+from blueprints.dashboard import dashboard, one_time
+from blueprints.dashboard.rendering import load_form, render, render_confirmation
 from blueprints.dashboard.session import current_caller, is_htmx, signed_in
 from extensions import db
 from models.columns import utcnow
@@ -85,7 +89,7 @@ def _list_context(**extra) -> dict:
         "event_groups": EVENT_GROUPS,
         "test_event": TEST_EVENT,
         "url_policy": current_url_policy(),
-        "form": {"url": "", "events": list(DEFAULT_SUBSCRIPTION)},
+        "form": {"url": "", "description": "", "events": list(DEFAULT_SUBSCRIPTION)},
         "errors": {},
     }
     return context | extra
@@ -94,7 +98,9 @@ def _list_context(**extra) -> dict:
 @dashboard.get("/endpoints")
 @signed_in()
 def endpoints():
-    return render("dashboard/endpoints.html", **_list_context())
+    return render(
+        "dashboard/endpoints.html", registered=one_time.take("endpoint"), **_list_context()
+    )
 
 
 @dashboard.post("/endpoints")
@@ -104,10 +110,7 @@ def create_endpoint():
     try:
         fields = load_form(_register_form)
         issued = register_endpoint(
-            brand_id=current_caller().brand_id,
-            url=fields["url"],
-            events=fields["events"],
-            policy=current_url_policy(),
+            brand_id=current_caller().brand_id, policy=current_url_policy(), **fields
         )
     except ValidationFailed as error:
         db.session.rollback()
@@ -119,6 +122,9 @@ def create_endpoint():
         )
     registered = _issued.dump(issued)
     db.session.commit()
+    if not is_htmx():
+        one_time.stash("endpoint", registered)
+        return redirect(url_for("dashboard.endpoints", _anchor="endpoint-register"), code=303)
     return render(
         "dashboard/endpoints.html",
         fragment="dashboard/_endpoint_registered.html",
@@ -130,7 +136,11 @@ def create_endpoint():
 
 
 def _submitted_form() -> dict:
-    return {"url": request.form.get("url", ""), "events": request.form.getlist("events")}
+    return {
+        "url": request.form.get("url", ""),
+        "description": request.form.get("description", ""),
+        "events": request.form.getlist("events"),
+    }
 
 
 # ---- one endpoint ----
@@ -145,12 +155,54 @@ def _detail_context(record, **extra) -> dict:
         "event_groups": EVENT_GROUPS,
         "test_event": TEST_EVENT,
         "url_policy": current_url_policy(),
-        "form": {"url": endpoint["url"], "events": endpoint["events"]},
+        "form": {
+            "url": endpoint["url"],
+            "description": endpoint["description"],
+            "events": endpoint["events"],
+        },
         "errors": {},
+        "dropped_events": [],
         "rotated": None,
         "queued": None,
+        "confirmations": _confirmations(endpoint),
     }
     return context | extra
+
+
+def _confirmations(endpoint: dict) -> dict[str, dict]:
+    """What each destructive action says before it is done, as a dialog (htmx) or a page."""
+    endpoint_id = endpoint["id"]
+    return {
+        "delete": {
+            "title": "Delete this endpoint?",
+            "consequence": f"Delete the endpoint {endpoint['url']}? Its pending deliveries end "
+            "as failed, and nothing more is sent to it. Its past deliveries stay in the log. "
+            "This cannot be undone.",
+            "button": "Delete endpoint",
+            "action": url_for("dashboard.remove_endpoint", endpoint_id=endpoint_id),
+        },
+        "rotate": {
+            "title": "Rotate the signing secret?",
+            "consequence": "Rotate the signing secret? The current secret stops verifying at "
+            "once: every delivery from now on, retries included, is signed with the new one "
+            "only.",
+            "button": "Rotate secret",
+            "action": url_for("dashboard.rotate_endpoint_secret", endpoint_id=endpoint_id),
+        },
+        "disable": {
+            "title": "Disable this endpoint?",
+            "consequence": "Disable this endpoint? It stops receiving events, and its pending "
+            "deliveries end as failed. You can re-enable it later.",
+            "button": "Disable",
+            "action": url_for("dashboard.disable_endpoint", endpoint_id=endpoint_id),
+        },
+    }
+
+
+def _confirm(endpoint_id: str, action: str):
+    endpoint = _endpoint.dump(_load(endpoint_id))
+    back = url_for("dashboard.endpoint", endpoint_id=endpoint_id)
+    return render_confirmation(_confirmations(endpoint)[action], back=back)
 
 
 def _recent_deliveries(endpoint_id: str) -> list[dict]:
@@ -171,7 +223,8 @@ def _load(endpoint_id: str):
 @dashboard.get("/endpoints/<endpoint_id>")
 @signed_in()
 def endpoint(endpoint_id: str):
-    return render("dashboard/endpoint.html", **_detail_context(_load(endpoint_id)))
+    rotated = one_time.take(f"signing-secret:{endpoint_id}")
+    return render("dashboard/endpoint.html", **_detail_context(_load(endpoint_id), rotated=rotated))
 
 
 @dashboard.get("/endpoints/<endpoint_id>/deliveries")
@@ -211,11 +264,30 @@ def edit_endpoint(endpoint_id: str):
         )
     db.session.commit()
     flash("Endpoint updated.", "success")
+    if not is_htmx():
+        _flash_dropped(record.dropped_events)
+        return _back_to(endpoint_id)
     return render(
         "dashboard/endpoint.html",
         fragment="dashboard/_endpoint_edited.html",
-        **_detail_context(record),
+        **_detail_context(record, dropped_events=record.dropped_events),
     )
+
+
+def _flash_dropped(names: list[str]) -> None:
+    if names:
+        flash(f"Dropped unsupported event names: {', '.join(names)}.", "warning")
+
+
+def _back_to(endpoint_id: str):
+    """A plain form's answer: the endpoint's page, which a reload only reads."""
+    return redirect(url_for("dashboard.endpoint", endpoint_id=endpoint_id), code=303)
+
+
+@dashboard.get("/endpoints/<endpoint_id>/disable")
+@signed_in(write=True)
+def confirm_disable_endpoint(endpoint_id: str):
+    return _confirm(endpoint_id, "disable")
 
 
 @dashboard.post("/endpoints/<endpoint_id>/disable")
@@ -244,6 +316,8 @@ def _set_active(endpoint_id: str, active: bool):
         flash("Endpoint re-enabled; its failure count starts again at zero.", "success")
     else:
         flash("Endpoint disabled; its pending deliveries ended as failed.", "info")
+    if not is_htmx():
+        return _back_to(endpoint_id)
     return render(
         "dashboard/endpoint.html",
         fragment="dashboard/_endpoint_state_changed.html",
@@ -251,18 +325,36 @@ def _set_active(endpoint_id: str, active: bool):
     )
 
 
+@dashboard.get("/endpoints/<endpoint_id>/rotate-secret")
+@signed_in(write=True)
+def confirm_rotate_endpoint_secret(endpoint_id: str):
+    return _confirm(endpoint_id, "rotate")
+
+
 @dashboard.post("/endpoints/<endpoint_id>/rotate-secret")
 @signed_in(write=True)
 def rotate_endpoint_secret(endpoint_id: str):
-    """rotateWebhookSecret: the new secret is shown in this answer only."""
+    """rotateWebhookSecret: the new secret is shown once, in this answer or the page after."""
     issued = rotate_signing_secret(brand_id=current_caller().brand_id, endpoint_id=endpoint_id)
     rotated = _rotated.dump(issued)
     db.session.commit()
+    if not is_htmx():
+        one_time.stash(f"signing-secret:{endpoint_id}", rotated)
+        return redirect(
+            url_for("dashboard.endpoint", endpoint_id=endpoint_id, _anchor="endpoint-secret-panel"),
+            code=303,
+        )
     return render(
         "dashboard/endpoint.html",
         fragment="dashboard/_endpoint_secret.html",
         **_detail_context(issued.record, rotated=rotated),
     )
+
+
+@dashboard.get("/endpoints/<endpoint_id>/delete")
+@signed_in(write=True)
+def confirm_remove_endpoint(endpoint_id: str):
+    return _confirm(endpoint_id, "delete")
 
 
 @dashboard.post("/endpoints/<endpoint_id>/delete")
@@ -288,6 +380,12 @@ def send_endpoint_test(endpoint_id: str):
     """sendWebhookTest (read scope is enough). A disabled endpoint is NotFound, as in the API."""
     delivery_id = send_test_ping(brand_id=current_caller().brand_id, endpoint_id=endpoint_id)
     db.session.commit()
+    if not is_htmx():
+        flash(
+            f"Test ping queued as delivery {delivery_id}: watch it under “Recent deliveries”.",
+            "success",
+        )
+        return _back_to(endpoint_id)
     return render(
         "dashboard/endpoint.html",
         fragment="dashboard/_endpoint_test_sent.html",

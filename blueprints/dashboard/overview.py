@@ -1,4 +1,5 @@
-"""Overview: the workspace, the last day's deliveries by status, endpoints needing attention."""
+"""Overview: the workspace, what its webhooks are doing (the last day's deliveries, the ones
+retrying now, the attempts that failed), and its endpoints."""
 
 from __future__ import annotations
 
@@ -10,12 +11,12 @@ from blueprints.dashboard.session import current_caller, signed_in
 from models.columns import utcnow
 from schemas.webhooks import DeliverySchema, EndpointSchema
 from schemas.workspace import WorkspaceSchema
-from services.deliveries import count_deliveries_by_status, list_deliveries
-from services.webhook_endpoints import endpoints_needing_attention_first, list_endpoints
+from services.deliveries import delivery_health, list_deliveries
+from services.webhook_endpoints import list_endpoints
 from services.workspace import get_workspace
 
 RECENT = timedelta(hours=24)
-RECENT_FAILURES = 5
+LISTED = 5
 
 _workspace = WorkspaceSchema()
 _endpoints = EndpointSchema(many=True)
@@ -27,13 +28,15 @@ _deliveries = DeliverySchema(many=True)
 def overview():
     caller = current_caller()
     brand_id = caller.brand_id
-    failed = list_deliveries(brand_id=brand_id, page=1, limit=RECENT_FAILURES, status="failed")
+    retrying = list_deliveries(brand_id=brand_id, page=1, limit=LISTED, retrying=True)
+    failed = list_deliveries(brand_id=brand_id, page=1, limit=LISTED, status="failed")
     return render(
         "dashboard/overview.html",
         workspace=_workspace.dump(
             get_workspace(brand_id=brand_id, key_id=caller.key_id, scopes=caller.scopes)
         ),
-        counts=count_deliveries_by_status(brand_id, since=utcnow() - RECENT),
-        endpoints=_endpoints.dump(endpoints_needing_attention_first(list_endpoints(brand_id))),
+        health=delivery_health(brand_id, since=utcnow() - RECENT),
+        endpoints=_endpoints.dump(list_endpoints(brand_id)),
+        retrying=_deliveries.dump(retrying.items),
         recent_failures=_deliveries.dump(failed.items),
     )

@@ -27,6 +27,12 @@ def render(page: str, *, fragment: str | None = None, status: int = 200, **conte
     return body, status
 
 
+def render_confirmation(confirmation: dict, *, back: str):
+    """The page a destructive button opens without JavaScript: what it does, and the POST that
+    does it. `confirmation` holds title, consequence, button and action (the POST's URL)."""
+    return render("dashboard/confirm.html", confirm=confirmation | {"back": back})
+
+
 def load_form(schema: Schema) -> dict:
     """The form's fields as the schema loads them: a list field from its repeated inputs
     (checkboxes; none ticked is an empty list), any other field as its single value when sent.

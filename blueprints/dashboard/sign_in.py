@@ -1,13 +1,14 @@
 """Signing in and out: with an API key, or with brand id + bootstrap token to mint the first key
-(CONTRACT section 7)."""
+(CONTRACT section 7). A successful post is answered with a 303, so a reload never posts again
+(the first key's secret reaches the page after it once, `one_time`)."""
 
 from __future__ import annotations
 
-from flask import flash, redirect, request, url_for
+from flask import flash, redirect, request, session, url_for
 
-from blueprints.dashboard import dashboard
+from blueprints.dashboard import dashboard, one_time
 from blueprints.dashboard.rendering import load_form, render
-from blueprints.dashboard.session import end_session, safe_next, start_session
+from blueprints.dashboard.session import end_session, safe_next, signed_in, start_session
 from extensions import db
 from models import credentials
 from schemas.api_keys import IssuedApiKeySchema
@@ -23,25 +24,49 @@ from services.errors import Forbidden, NotFound, Unauthorized, ValidationFailed
 
 _issued_key = IssuedApiKeySchema()
 _bootstrap_form = BootstrapSignInSchema()
+FIRST_KEY = "first-key"
+# Why the last sign-in was refused, for the form the refusal redirects to (never the key).
+REFUSED = "sign_in_refused"
 
 
 @dashboard.get("/sign-in")
 def sign_in():
-    return render("dashboard/sign_in.html", next=request.args.get("next", ""))
+    refused = session.pop(REFUSED, None) or {}
+    return render(
+        "dashboard/sign_in.html",
+        next=request.args.get("next", ""),
+        error=refused.get("error"),
+        bootstrap_token_pasted=refused.get("bootstrap_token", False),
+    )
 
 
 @dashboard.post("/sign-in")
 def sign_in_with_key():
+    """A refused key answers like a signed-in one, with a 303 (to the form again, saying why),
+    so a reload never posts the key again."""
     secret = request.form.get("apiKey", "").strip()
     next_page = request.form.get("next", "")
+    if secret.startswith(credentials.BOOTSTRAP_TOKEN_PREFIX):
+        # Support's token mints a first key; it never signs in. Say where it goes instead.
+        return _refused(
+            "That is a bootstrap token, not an API key: it cannot sign in. Use it to create "
+            "your brand's first key.",
+            next_page,
+            bootstrap_token=True,
+        )
     try:
         caller = authenticate_api_key(secret)
     except Unauthorized as error:
         db.session.rollback()
-        return render("dashboard/sign_in.html", status=401, error=error.message, next=next_page)
+        return _refused(error.message, next_page)
     db.session.commit()  # the key's lastUsedAt
     start_session(caller, credentials.key_prefix(secret))
     return redirect(safe_next(next_page), code=303)
+
+
+def _refused(message: str, next_page: str, *, bootstrap_token: bool = False):
+    session[REFUSED] = {"error": message, "bootstrap_token": bootstrap_token}
+    return redirect(url_for("dashboard.sign_in", next=next_page or None), code=303)
 
 
 @dashboard.get("/first-key")
@@ -84,7 +109,19 @@ def create_first_key():
         Caller(brand_id=issued.record.brand_id, scopes=frozenset(), key_id=key["id"]),
         issued.record.key_prefix,
     )
-    return render("dashboard/first_key_issued.html", status=201, key=key)
+    one_time.stash(FIRST_KEY, key)
+    return redirect(url_for("dashboard.first_key_created"), code=303)
+
+
+@dashboard.get("/first-key/created")
+@signed_in()
+def first_key_created():
+    """The first key's secret, once; a reload finds it gone and goes on to the dashboard."""
+    key = one_time.take(FIRST_KEY)
+    if key is None:
+        flash("You are signed in with your new key; its secret was shown once.", "info")
+        return redirect(url_for("dashboard.overview"), code=303)
+    return render("dashboard/first_key_issued.html", key=key)
 
 
 @dashboard.post("/sign-out")

@@ -1,7 +1,7 @@
 """deliveries: an index of those leased to workers, and the due index in claim order
 
-Revision ID: 0007
-Revises: 0006
+Revision ID: 0008
+Revises: 0007
 Create Date: 2026-11-25 02:00:00
 
 A claim counts the attempts in flight to an endpoint across all workers (its leased pending
@@ -18,8 +18,8 @@ import sqlalchemy as sa
 
 
 # revision identifiers, used by Alembic.
-revision = '0007'
-down_revision = '0006'
+revision = '0008'
+down_revision = '0007'
 branch_labels = None
 depends_on = None
 

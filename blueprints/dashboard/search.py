@@ -1,0 +1,72 @@
+"""Find a record by the id a developer has in hand (from a receiver's log, an API answer or a
+support ticket): a delivery, an event, a conversion or an endpoint of the session's brand.
+
+A known id of the brand goes straight to its page (an event to its deliveries); anything else
+stays on the search page (a 200, like any search that finds nothing) saying what was wrong,
+and never reveals another brand's records.
+"""
+
+from __future__ import annotations
+
+from flask import redirect, request, url_for
+
+from blueprints.dashboard import dashboard
+from blueprints.dashboard.rendering import render
+from blueprints.dashboard.session import current_caller, signed_in
+from services.conversions import get_conversion
+from services.deliveries import get_delivery, list_deliveries
+from services.errors import NotFound
+from services.webhook_endpoints import get_endpoint
+
+QUERY_MAX_LENGTH = 100
+
+
+def _delivery(brand_id: str, found: str) -> str:
+    get_delivery(brand_id, found)
+    return url_for("dashboard.delivery", delivery_id=found)
+
+
+def _event(brand_id: str, found: str) -> str:
+    if not list_deliveries(brand_id=brand_id, page=1, limit=1, event_id=found).items:
+        raise NotFound(f"No event with id {found!r} reached your endpoints")
+    return url_for("dashboard.deliveries", eventId=found)
+
+
+def _conversion(brand_id: str, found: str) -> str:
+    get_conversion(brand_id, found)
+    return url_for("dashboard.conversion", conversion_id=found)
+
+
+def _endpoint(brand_id: str, found: str) -> str:
+    get_endpoint(brand_id, found)
+    return url_for("dashboard.endpoint", endpoint_id=found)
+
+
+# id prefix -> (what it names, where it leads)
+KINDS = {
+    "whd_": ("delivery", _delivery),
+    "evt_": ("event", _event),
+    "conv_": ("conversion", _conversion),
+    "whe_": ("endpoint", _endpoint),
+}
+
+
+@dashboard.get("/search")
+@signed_in()
+def search():
+    query = request.args.get("q", "").strip()
+    if not query:
+        return render("dashboard/search.html", query="", problem=None)
+    kind = next((kind for prefix, kind in KINDS.items() if query.startswith(prefix)), None)
+    if kind is None or len(query) > QUERY_MAX_LENGTH or "\x00" in query:
+        problem = (
+            "That is not an id the dashboard can look up: paste a delivery (whd_…), event "
+            "(evt_…), conversion (conv_…) or endpoint (whe_…) id."
+        )
+        return render("dashboard/search.html", query=query, problem=problem)
+    name, destination = kind
+    try:
+        return redirect(destination(current_caller().brand_id, query), code=303)
+    except NotFound:
+        problem = f"No {name} with id {query} in this brand."
+        return render("dashboard/search.html", query=query, problem=problem)
