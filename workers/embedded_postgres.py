@@ -15,6 +15,7 @@ import atexit
 import contextlib
 import logging
 import signal
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ log = logging.getLogger("brand_api.embedded_postgres")
 # a while, so it gets this long before the immediate one, and SIGKILL after that.
 STOP_TIMEOUT = 20.0
 IMMEDIATE_STOP_TIMEOUT = 5.0
+REAP_TIMEOUT = 3.0
 SUPERUSER = "postgres"
 
 
@@ -95,6 +97,24 @@ class EmbeddedPostgres:
             kill_pid(self.pid, signum)
             wait_for_pid_exit(self.pid, timeout)
         if not pid_alive(self.pid):
-            # PostgreSQL removes it on any orderly exit; after SIGKILL it is stale.
+            # A new server refuses to start while the old pid of a lock file answers signal 0,
+            # which an exited postmaster does as a zombie until init reaps it (some inits do
+            # only every second or so). Wait for that; if it takes too long, the locks are
+            # stale (their owner is dead), so remove them. PostgreSQL removes them itself on any
+            # orderly exit; after SIGKILL they are stale too.
+            if not _wait_until_reaped(self.pid, REAP_TIMEOUT):
+                for lock in self.socket_dir.glob(".s.PGSQL.*.lock"):
+                    with contextlib.suppress(OSError):
+                        lock.unlink()
             with contextlib.suppress(OSError):
                 (self.data_dir / "postmaster.pid").unlink()
+
+
+def _wait_until_reaped(pid: int, timeout: float) -> bool:
+    """Whether the pid is gone altogether (not even a zombie) within `timeout`."""
+    deadline = time.monotonic() + timeout
+    while Path(f"/proc/{pid}").exists():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
