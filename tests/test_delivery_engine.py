@@ -108,7 +108,10 @@ def test_a_brand_with_10000_due_deliveries_delays_another_brands_event_by_a_few_
     """The backlog's endpoints could fill every slot of the worker (four here), yet the other
     brand's single event takes its turn among them instead of waiting for the backlog."""
     busy = Receiver()
-    busy.default = Reply(delay=0.02)
+    # Slow enough that the single event's wake (commit, Redis, RQ, the engine: tens of
+    # milliseconds on a loaded machine) costs a couple of the backlog's attempts, not a dozen:
+    # what is counted is the turns the engine gives, not how fast the wake travels.
+    busy.default = Reply(delay=0.2)
     try:
         backlog_brand, single_brand = make_brand("Backlog Foods"), make_brand("Single Foods")
         with app.app_context():
@@ -138,14 +141,14 @@ def test_a_brand_with_10000_due_deliveries_delays_another_brands_event_by_a_few_
             )
         assert due == 10_000
         own = start_worker(WEBHOOK_CONCURRENCY="4")
-        busy.wait_for(40, timeout=30)
+        busy.wait_for(12, timeout=30)
 
         before = len(busy.received)
         publish(app, single_brand, ("deal.completed", {"single": True}))
         healthy.wait_for(1)
         during = len(busy.received) - before
 
-        assert len(busy.received) < 5_000, logs(own)
+        assert len(busy.received) < 1_000, logs(own)
         assert during <= 10, f"{during} backlog attempts before the single event\n{logs(own)}"
     finally:
         busy.close()
