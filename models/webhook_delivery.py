@@ -84,6 +84,9 @@ class WebhookDelivery(db.Model):
     # it does by itself if that worker dies mid-attempt.
     leased_until: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     lease_token: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    # The newer delivery of the same event to the same endpoint (redeliver, recover): a failure
+    # is recovered once.
+    redelivered_as: Mapped[str | None] = mapped_column(id_column_type(), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
     @property
@@ -110,6 +113,10 @@ class WebhookDelivery(db.Model):
 
 class WebhookAttempt(db.Model):
     __tablename__ = "webhook_attempts"
+    __table_args__ = (
+        # An endpoint's attempts of the last 24 hours (its health, CONTRACT 8.4).
+        Index("ix_webhook_attempts_endpoint_requested", "endpoint_id", "requested_at"),
+    )
 
     delivery_id: Mapped[str] = mapped_column(
         id_column_type(),
@@ -117,6 +124,10 @@ class WebhookAttempt(db.Model):
         primary_key=True,
     )
     attempt_number: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    # The delivery's endpoint, kept on each attempt for the health figures' index.
+    endpoint_id: Mapped[str] = mapped_column(
+        id_column_type(), ForeignKey("webhook_endpoints.id", ondelete="CASCADE")
+    )
     requested_at: Mapped[datetime] = mapped_column(UTCDateTime())
     duration_ms: Mapped[int] = mapped_column(Integer)
     http_status: Mapped[int | None] = mapped_column(Integer, nullable=True)

@@ -16,6 +16,8 @@ from models.columns import UTCDateTime, id_column_type, new_id, utcnow
 
 URL_MAX_LENGTH = 2048
 DESCRIPTION_MAX_LENGTH = 200
+# A rotation's overlap: the previous secret signs beside the new one for at most a week.
+MAX_OVERLAP_SECONDS = 604800
 
 
 class WebhookEndpoint(db.Model):
@@ -38,6 +40,12 @@ class WebhookEndpoint(db.Model):
     events: Mapped[list[str]] = mapped_column(JSONB)
     # Fernet ciphertext (services/secret_box.py); the plain secret is shown once and never stored.
     secret_ciphertext: Mapped[str] = mapped_column(Text)
+    # During a rotation's overlap (CONTRACT 8.2) the secret before it signs too, until then;
+    # the worker's sweep destroys the ciphertext once that time has passed.
+    previous_secret_ciphertext: Mapped[str | None] = mapped_column(Text, nullable=True)
+    previous_secret_expires_at: Mapped[datetime | None] = mapped_column(
+        UTCDateTime(), nullable=True
+    )
     consecutive_failures: Mapped[int] = mapped_column(Integer, default=0)
     # When the oldest failed attempt of the current run of consecutive failures was made: the
     # disable rule (CONTRACT 6.2) needs the run to be both long and old.
@@ -58,6 +66,12 @@ class WebhookEndpoint(db.Model):
     @classmethod
     def _is_active_expression(cls):
         return endpoint_is_open(cls)
+
+    @property
+    def previous_secret_until(self) -> datetime | None:
+        """Until when the secret before the current one still signs; None when it does not."""
+        until = self.previous_secret_expires_at
+        return until if until is not None and until > utcnow() else None
 
     def __repr__(self) -> str:
         return f"<WebhookEndpoint {self.id} {self.url}>"

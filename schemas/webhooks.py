@@ -6,7 +6,11 @@ from marshmallow import fields, validate
 
 from models.event_catalog import DEFAULT_SUBSCRIPTION, EVENT_NAMES
 from models.webhook_delivery import DELIVERY_STATUSES, RESPONSE_BODY_MAX_BYTES
-from models.webhook_endpoint import DESCRIPTION_MAX_LENGTH, URL_MAX_LENGTH
+from models.webhook_endpoint import (
+    DESCRIPTION_MAX_LENGTH,
+    MAX_OVERLAP_SECONDS,
+    URL_MAX_LENGTH,
+)
 from schemas.base import ApiSchema, OptionalText, ResourceId, Timestamp
 from schemas.envelope import SortedPageQuerySchema
 
@@ -57,6 +61,17 @@ def _dropped_events_field() -> fields.List:
             "were dropped, each once, in the order given; empty when none (or when `events` "
             "was not sent). A misspelt name shows here instead of going unnoticed.",
             "example": [],
+        },
+    )
+
+
+def _previous_secret_field() -> Timestamp:
+    return Timestamp(
+        attribute="previous_secret_until",
+        allow_none=True,
+        metadata={
+            "description": "Until when the secret before the current one also signs each "
+            "delivery (a rotation's overlap); null when only the current one does."
         },
     )
 
@@ -114,6 +129,7 @@ class EndpointSchema(ApiSchema):
     disabled_reason = fields.String(
         allow_none=True, metadata={"description": "Why the endpoint was disabled."}
     )
+    previous_secret_expires_at = _previous_secret_field()
     created_at = Timestamp()
 
 
@@ -136,14 +152,29 @@ class UpdatedEndpointSchema(EndpointSchema):
     dropped_events = _dropped_events_field()
 
 
+class RotateSecretSchema(ApiSchema):
+    overlap_seconds = fields.Integer(
+        strict=True,
+        load_default=0,
+        validate=validate.Range(min=0, max=MAX_OVERLAP_SECONDS),
+        metadata={
+            "description": "How long the secret being replaced goes on signing beside the new "
+            f"one, in seconds (0-{MAX_OVERLAP_SECONDS}, a week). 0, the default: the new "
+            "secret alone signs from the next attempt on.",
+            "example": 86400,
+        },
+    )
+
+
 class RotatedSecretSchema(ApiSchema):
     id = fields.String(metadata={"example": ENDPOINT_ID_EXAMPLE})
     signing_secret = fields.String(
         metadata={
-            "description": "The new secret; the old one stops verifying at once.",
+            "description": "The new secret. Shown this once: store it now.",
             "example": SECRET_EXAMPLE,
         }
     )
+    previous_secret_expires_at = _previous_secret_field()
 
 
 class EndpointListSchema(ApiSchema):

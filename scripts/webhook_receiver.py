@@ -21,11 +21,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 TOLERANCE_SECONDS = 300
 
 
-def signature_ok(secret: str, timestamp: str, signature: str, raw_body: bytes) -> bool:
+def signature_ok(secret: str, timestamp: str, signatures: str, raw_body: bytes) -> bool:
+    """One signature per signing secret, comma-separated during a rotation's overlap: any."""
     if not timestamp.isdigit() or abs(time.time() - int(timestamp)) > TOLERANCE_SECONDS:
         return False
-    expected = hmac.new(secret.encode(), timestamp.encode() + b"." + raw_body, hashlib.sha256)
-    return hmac.compare_digest("sha256=" + expected.hexdigest(), signature)
+    mac = hmac.new(secret.encode(), timestamp.encode() + b"." + raw_body, hashlib.sha256)
+    expected = "sha256=" + mac.hexdigest()
+    return any(hmac.compare_digest(expected, given.strip()) for given in signatures.split(","))
 
 
 class Handler(BaseHTTPRequestHandler):

@@ -78,6 +78,9 @@ class Claim:
     endpoint_id: str
     url: str = ""
     secret_ciphertext: str = ""
+    # The secret before it, while a rotation's overlap lasts (it signs too), and until when.
+    previous_secret_ciphertext: str | None = None
+    previous_secret_expires_at: datetime | None = None
     token: str = ""
     deliveries: list[ClaimedDelivery] = field(default_factory=list)
     room: int = 0
@@ -187,6 +190,8 @@ def claim_due_deliveries(
                 row.endpoint_id,
                 url=row.url,
                 secret_ciphertext=row.secret_ciphertext,
+                previous_secret_ciphertext=row.previous_secret_ciphertext,
+                previous_secret_expires_at=row.previous_secret_expires_at,
                 token=token,
                 room=row.room,
                 consecutive_failures=row.consecutive_failures,
@@ -230,7 +235,10 @@ _TRY_CLAIM_LOCKS = text(
 _CLAIM = text(
     """
     WITH endpoint AS (
-        SELECT e.id, e.url, e.secret_ciphertext, e.consecutive_failures, taking.*
+        SELECT e.id, e.url, e.secret_ciphertext, e.consecutive_failures, taking.*,
+               CASE WHEN e.previous_secret_expires_at > :now
+                    THEN e.previous_secret_ciphertext END AS previous_secret_ciphertext,
+               e.previous_secret_expires_at
         FROM unnest(CAST(:endpoint_ids AS varchar[]), CAST(:slots AS integer[]))
              AS wanted(endpoint_id, slots)
         JOIN webhook_endpoints AS e ON e.id = wanted.endpoint_id
@@ -290,6 +298,7 @@ _CLAIM = text(
                   d.next_attempt_at, d.leased_until
     )
     SELECT endpoint.id AS endpoint_id, endpoint.url, endpoint.secret_ciphertext,
+           endpoint.previous_secret_ciphertext, endpoint.previous_secret_expires_at,
            endpoint.consecutive_failures, endpoint.room,
            EXISTS (
                SELECT 1 FROM picked
@@ -368,7 +377,9 @@ def record_attempt(
         endpoint_open = _endpoint_open(claim.endpoint_id)
         db.session.rollback()  # the failure count too: this attempt is not ours to count
         return Recorded(status=recorded.status, kept=False, endpoint_open=endpoint_open)
-    db.session.execute(insert(WebhookAttempt).values(**_attempt_row(delivery, outcome, error)))
+    db.session.execute(
+        insert(WebhookAttempt).values(**_attempt_row(claim, delivery, outcome, error))
+    )
     if _disabled_by(outcome, failures, claim.endpoint_id, policy, now):
         recorded = Recorded(status=FAILED, endpoint_disabled=True, endpoint_open=False)
     elif not _endpoint_open(claim.endpoint_id):
@@ -393,9 +404,12 @@ def _disabled_by(outcome: AttemptOutcome, failures, endpoint_id: str, policy, no
     )
 
 
-def _attempt_row(delivery: ClaimedDelivery, outcome: AttemptOutcome, error: str | None) -> dict:
+def _attempt_row(
+    claim: Claim, delivery: ClaimedDelivery, outcome: AttemptOutcome, error: str | None
+) -> dict:
     return {
         "delivery_id": delivery.id,
+        "endpoint_id": claim.endpoint_id,
         "attempt_number": delivery.attempt_number,
         "requested_at": outcome.requested_at,
         "duration_ms": outcome.duration_ms,
@@ -411,7 +425,7 @@ def settle_delivered(
 ) -> set[str]:
     """Settle successful attempts in one statement where nothing else must change (the
     delivery still ours, its endpoint open and without failures to reset); the ids settled."""
-    rows = [_attempt_row(delivery, outcome, None) for _, delivery, outcome in results]
+    rows = [_attempt_row(*result, None) for result in results]
     settled = fetch_all_on_psycopg(
         db.session.connection(),
         _DELIVERED_AT_ONCE_ON_PSYCOPG,
@@ -419,7 +433,7 @@ def settle_delivered(
             "now": now,
             "delivery_ids": [row["delivery_id"] for row in rows],
             "tokens": [claim.token for claim, _, _ in results],
-            "endpoint_ids": [claim.endpoint_id for claim, _, _ in results],
+            "endpoint_ids": [row["endpoint_id"] for row in rows],
             "attempt_numbers": [row["attempt_number"] for row in rows],
             "requested_ats": [row["requested_at"] for row in rows],
             "durations": [row["duration_ms"] for row in rows],
@@ -465,11 +479,11 @@ _DELIVERED_AT_ONCE = text(
         RETURNING d.id
     )
     INSERT INTO webhook_attempts (
-        delivery_id, attempt_number, requested_at, duration_ms, http_status, error,
+        delivery_id, endpoint_id, attempt_number, requested_at, duration_ms, http_status, error,
         response_body, request_headers
     )
-    SELECT o.delivery_id, o.attempt_number, o.requested_at, o.duration_ms, o.http_status, NULL,
-           o.response_body, CAST(o.request_headers AS json)
+    SELECT o.delivery_id, o.endpoint_id, o.attempt_number, o.requested_at, o.duration_ms,
+           o.http_status, NULL, o.response_body, CAST(o.request_headers AS json)
     FROM outcome AS o JOIN settled ON settled.id = o.delivery_id
     RETURNING delivery_id
     """.replace("{endpoint_is_open}", endpoint_is_open_sql("endpoint"))

@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from flask import current_app
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from extensions import db
 from models import WebhookEndpoint, credentials
@@ -206,15 +206,43 @@ def update_endpoint(
 
 
 def rotate_signing_secret(
-    *, brand_id: str, endpoint_id: str, now: datetime | None = None
+    *,
+    brand_id: str,
+    endpoint_id: str,
+    overlap_seconds: int = 0,
+    now: datetime | None = None,
 ) -> IssuedEndpoint:
-    """A new secret, effective at once: attempts from now on are signed with it only."""
+    """A new signing secret (CONTRACT 8.2). Without an overlap it alone signs from the next
+    attempt on, retries included. With one, the secret it replaces signs beside it until the
+    overlap ends, so that the brand deploys the new one to its receivers at its own pace; a
+    rotation during an overlap starts a new one, and the secret before the replaced one stops
+    signing at once."""
+    now = now or utcnow()
     endpoint = get_endpoint(brand_id, endpoint_id, for_update=True)
     secret = credentials.generate_secret(credentials.SIGNING_SECRET_PREFIX)
+    if overlap_seconds > 0:
+        endpoint.previous_secret_ciphertext = endpoint.secret_ciphertext
+        endpoint.previous_secret_expires_at = now + timedelta(seconds=overlap_seconds)
+    else:
+        endpoint.previous_secret_ciphertext = None
+        endpoint.previous_secret_expires_at = None
     endpoint.secret_ciphertext = secret_box().encrypt(secret)
-    endpoint.updated_at = now or utcnow()
+    endpoint.updated_at = now
     db.session.flush()
     return IssuedEndpoint(record=endpoint, signing_secret=secret)
+
+
+def forget_expired_previous_secrets(*, now: datetime) -> int:
+    """Destroy the ciphertext of every previous secret whose overlap has ended (the worker's
+    sweep runs this); how many."""
+    forgotten = db.session.execute(
+        update(WebhookEndpoint)
+        .where(WebhookEndpoint.previous_secret_expires_at <= now)
+        .values(previous_secret_ciphertext=None, previous_secret_expires_at=None)
+        .execution_options(synchronize_session=False)
+    ).rowcount
+    db.session.commit()
+    return forgotten
 
 
 def delete_endpoint(

@@ -112,13 +112,16 @@ class Receiver:
             self._lock.notify_all()
 
     def _verify(self, headers: dict[str, str], body: bytes) -> bool:
+        """Whether one of the presented signatures (several during a rotation's overlap) is
+        one of this receiver's secrets'."""
         timestamp = headers.get("X-Service-Timestamp", "")
-        presented = headers.get("X-Service-Signature", "")
+        presented = [value.strip() for value in headers.get("X-Service-Signature", "").split(",")]
         if not timestamp.isdigit() or abs(time.time() - int(timestamp)) > 300:
             return False
         return any(
-            hmac.compare_digest(presented, expected_signature(secret, timestamp, body))
+            hmac.compare_digest(given, expected_signature(secret, timestamp, body))
             for secret in self.secrets
+            for given in presented
         )
 
 

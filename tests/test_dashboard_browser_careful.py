@@ -229,6 +229,7 @@ def retrying_delivery(app, brand_id: str) -> tuple[str, str]:
             db.session.add(
                 WebhookAttempt(
                     delivery_id=delivery_id,
+                    endpoint_id=db.session.get(WebhookDelivery, delivery_id).endpoint_id,
                     attempt_number=number + 1,
                     requested_at=at,
                     duration_ms=3,

@@ -576,7 +576,7 @@ def test_rotate_secret_shows_the_new_secret_once(app, client, brand, write_key):
     endpoint_id, old_secret = _register(app, brand)
     token = sign_in(client, write_key)
     page = _text(client.get(f"/dashboard/endpoints/{endpoint_id}"))
-    assert "The current secret stops verifying at once" in page
+    assert "without one it stops verifying at once" in page  # the dialog says so first
     response = client.post(f"/dashboard/endpoints/{endpoint_id}/rotate-secret", headers=htmx(token))
     assert response.status_code == 200
     fragment = _text(response)
@@ -735,10 +735,14 @@ def test_send_test_on_a_disabled_endpoint_is_not_found(app, client, brand, write
 # ---- the verification snippets, run for real ----
 
 
-def _signed(secret: str, body: bytes, timestamp: int | None = None) -> dict[str, str]:
-    """Headers exactly as the worker sends them (services.signing)."""
+def _signed(
+    secret: str, body: bytes, timestamp: int | None = None, previous: str | None = None
+) -> dict[str, str]:
+    """Headers exactly as the worker sends them (services.signing); with `previous`, as during
+    a rotation's overlap."""
     return delivery_headers(
         secret=secret,
+        previous_secret=previous,
         timestamp=int(time.time()) if timestamp is None else timestamp,
         raw_body=body,
         event_name="deal.completed",
@@ -759,18 +763,23 @@ def _endpoint_page(app, client, brand, read_key, url: str) -> tuple[str, str, st
     return endpoint_id, secret, page
 
 
-def _check_receiver(url: str, secret: str, brand: str) -> None:
-    """A receiver snippet accepts what the service signs and refuses every forgery."""
+def _check_receiver(url: str, secret: str, brand: str, signature_header: str) -> None:
+    """A receiver snippet accepts what the service signs, with this secret alone or beside
+    another during a rotation's overlap, and refuses every forgery."""
     body = _event_body(brand)
+    other = "whsec_" + "x" * 40
     assert _post(url, body, _signed(secret, body)) == 200
+    assert _post(url, body, _signed(other, body, previous=secret)) == 200  # not deployed yet
+    assert _post(url, body, _signed(secret, body, previous=other)) == 200  # deployed already
     tampered = body.replace(b'"x"', b'"y"')
     assert _post(url, tampered, _signed(secret, body)) == 400
     stale = int(time.time()) - 6 * 60
     assert _post(url, body, _signed(secret, body, stale)) == 400
-    assert _post(url, body, _signed("whsec_" + "x" * 40, body)) == 400
+    assert _post(url, body, _signed(other, body)) == 400
+    assert _post(url, body, _signed(other, body, previous="whsec_" + "y" * 40)) == 400
     assert _post(url, body, {"Content-Type": "application/json"}) == 400
     headers = _signed(secret, body)
-    headers["X-Service-Signature"] = headers["X-Service-Signature"][:-1]
+    headers[signature_header] = headers[signature_header][:-2] + "zz"
     assert _post(url, body, headers) == 400
     assert _post(url.rsplit("/", 1)[0] + "/elsewhere", body, _signed(secret, body)) == 404
 
@@ -788,7 +797,20 @@ def _run_shell_snippet(snippet: str, secret: str, cwd: Path) -> subprocess.Compl
     return result
 
 
-@pytest.mark.parametrize("language", ["python", "node"])
+SNIPPET_LABELS = {
+    "python": "Python",
+    "node": "Node.js",
+    "standard": "Standard Webhooks (Python)",
+}
+
+
+def _snippet_command(language: str, script_dir: Path, code: str) -> list[str]:
+    script = script_dir / ("receiver.js" if language == "node" else "receiver.py")
+    script.write_text(code)
+    return [_node(), str(script)] if language == "node" else [sys.executable, str(script)]
+
+
+@pytest.mark.parametrize("language", list(SNIPPET_LABELS))
 def test_receiver_snippets_accept_signed_deliveries_and_refuse_forgeries(
     app, client, brand, read_key, tmp_path, language
 ):
@@ -798,23 +820,25 @@ def test_receiver_snippets_accept_signed_deliveries_and_refuse_forgeries(
     code = _snippet(page, language)
     assert endpoint_id in code and url in code
     assert "WEBHOOK_SECRET" in code and secret not in code
-    label = "Python" if language == "python" else "Node.js"
+    label = re.escape(SNIPPET_LABELS[language])
     copied = re.search(rf'data-copy="([^"]*)" aria-label="Copy the {label} snippet"', page)
     assert html.unescape(copied.group(1)) == code
-    script = tmp_path / ("receiver.py" if language == "python" else "receiver.js")
-    script.write_text(code)
-    command = [sys.executable, str(script)] if language == "python" else [_node(), str(script)]
+    command = _snippet_command(language, tmp_path, code)
     # no PORT: the snippet listens on the port of the endpoint's URL, filled in
     env = {"PATH": os.environ["PATH"], "WEBHOOK_SECRET": secret}
     log = tmp_path / "receiver.log"
+    signature_header = "webhook-signature" if language == "standard" else "X-Service-Signature"
     with _serving(command, port, env, log):
-        _check_receiver(url, secret, brand)
-        # the curl + openssl snippet signs as the service does: this receiver accepts it
-        result = _run_shell_snippet(_snippet(page, "shell"), secret, tmp_path)
-        assert result.stdout.strip().endswith("HTTP 200"), result.stdout + result.stderr
+        _check_receiver(url, secret, brand, signature_header)
+        if language != "standard":  # the shell snippet signs our X-Service-Signature only
+            # the curl + openssl snippet signs as the service does: this receiver accepts it
+            result = _run_shell_snippet(_snippet(page, "shell"), secret, tmp_path)
+            assert result.stdout.strip().endswith("HTTP 200"), result.stdout + result.stderr
     output = log.read_text()
-    assert output.count("deal.completed evt_snippet whd_snippet_test") == 1
-    assert "webhook.test evt_manual_check whd_manual_check" in output
+    # accepted three times: one secret, then either side of a rotation's overlap
+    assert output.count("deal.completed evt_snippet whd_snippet_test") == 3
+    if language != "standard":
+        assert "webhook.test evt_manual_check whd_manual_check" in output
 
 
 def test_shell_snippet_signs_like_the_service_and_posts_to_the_receiver(
@@ -850,7 +874,7 @@ def test_shell_snippet_signs_like_the_service_and_posts_to_the_receiver(
     assert len(receiver.received) == 1
 
 
-@pytest.mark.parametrize("language", ["python", "node"])
+@pytest.mark.parametrize("language", list(SNIPPET_LABELS))
 def test_receiver_snippets_accept_a_real_test_ping_from_the_worker(
     app, client, brand, write_key, webhook_worker, tmp_path, language
 ):
@@ -867,9 +891,7 @@ def test_receiver_snippets_accept_a_real_test_ping_from_the_worker(
     [secret] = set(SIGNING_SECRET.findall(_text(response)))
     endpoint_id = re.search(r'href="/dashboard/endpoints/(whe_\w+)"', _text(response)).group(1)
     code = _snippet(_text(client.get(f"/dashboard/endpoints/{endpoint_id}")), language)
-    script = tmp_path / ("receiver.py" if language == "python" else "receiver.js")
-    script.write_text(code)
-    command = [sys.executable, str(script)] if language == "python" else [_node(), str(script)]
+    command = _snippet_command(language, tmp_path, code)
     env = {"PATH": os.environ["PATH"], "WEBHOOK_SECRET": secret}
     log = tmp_path / "receiver.log"
     with _serving(command, port, env, log):
@@ -944,13 +966,17 @@ def test_the_docs_verification_snippets_agree_with_the_signer(tmp_path):
     raw = body.encode()
     now = int(time.time())
     good = _signed(secret, raw, now)
+    during_overlap = _signed("whsec_newer", raw, now, previous=secret)
     cases = [
         {"secret": secret, "headers": good, "body": body},
+        {"secret": secret, "headers": during_overlap, "body": body},
+        {"secret": "whsec_newer", "headers": during_overlap, "body": body},
         {"secret": secret, "headers": good, "body": body.replace("x", "y")},
         {"secret": secret, "headers": _signed(secret, raw, now - 360), "body": body},
         {"secret": "whsec_other", "headers": good, "body": body},
+        {"secret": "whsec_other", "headers": during_overlap, "body": body},
     ]
-    expected = "True\nFalse\nFalse\nFalse\n"
+    expected = "True\nTrue\nTrue\nFalse\nFalse\nFalse\nFalse\n"
     python = subprocess.run(
         [sys.executable, "-c", _docs_block("python") + _DOCS_PYTHON_HARNESS],
         input=json.dumps(cases),

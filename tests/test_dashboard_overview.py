@@ -110,11 +110,13 @@ def test_overview_counts_retrying_deliveries_and_failed_attempts(app, client, br
 
 def _attempts(delivery_id: str, attempts: list, final: bool = False) -> None:
     """Record attempts (when, HTTP status or None for no answer) as the worker leaves them."""
+    endpoint_id = db.session.get(WebhookDelivery, delivery_id).endpoint_id
     for number, (when, status) in enumerate(attempts, start=1):
         failed = status is None or not 200 <= status < 300
         db.session.add(
             WebhookAttempt(
                 delivery_id=delivery_id,
+                endpoint_id=endpoint_id,
                 attempt_number=number,
                 requested_at=when,
                 duration_ms=10,

@@ -29,6 +29,7 @@ ENDPOINT_FIELDS = {
     "consecutiveFailures",
     "disabledAt",
     "disabledReason",
+    "previousSecretExpiresAt",
     "createdAt",
 }
 
@@ -453,7 +454,8 @@ def test_rotate_secret_returns_a_new_secret_and_stores_it(app, client, brand, wr
         f"{base(brand)}/{endpoint['id']}/rotate-secret", headers=key_header(write_key)
     )
     data = assert_success(response)
-    assert set(data) == {"id", "signingSecret"}
+    assert set(data) == {"id", "signingSecret", "previousSecretExpiresAt"}
+    assert data["previousSecretExpiresAt"] is None  # no overlap asked: the old one stops
     assert data["id"] == endpoint["id"]
     assert data["signingSecret"].startswith("whsec_")
     assert data["signingSecret"] != endpoint["signingSecret"]

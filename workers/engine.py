@@ -73,8 +73,25 @@ LOOKUP_THREADS = 8
 # may not live that long, and its timers would only pile up.
 TIMER_HORIZON_SECONDS = 3600.0
 
-# A delivery claimed ahead, with the signing secret to send it with.
-Waiting = tuple[Claim, ClaimedDelivery, str | None]
+
+@dataclass(frozen=True)
+class SigningKeys:
+    """An endpoint's signing secret and, during a rotation's overlap, the one before it."""
+
+    current: str
+    previous: str | None = None
+    previous_until: datetime | None = None
+
+    def previous_now(self) -> str | None:
+        """The previous secret if its overlap has not ended (a delivery claimed ahead may be
+        sent after the end)."""
+        if self.previous is None or self.previous_until is None:
+            return None
+        return self.previous if self.previous_until > utcnow() else None
+
+
+# A delivery claimed ahead, with the keys to sign it with.
+Waiting = tuple[Claim, ClaimedDelivery, SigningKeys | None]
 
 
 def attempt_time(timeout: float) -> timedelta:
@@ -321,11 +338,11 @@ class DeliveryEngine:
             db.session.rollback()
             raise
         return {
-            endpoint_id: (claim, _signing_secret(claim) if claim.deliveries else None)
+            endpoint_id: (claim, _signing_keys(claim) if claim.deliveries else None)
             for endpoint_id, claim in claims.items()
         }
 
-    def _take(self, state: _Endpoint, claim: Claim, secret: str | None, asked: int) -> None:
+    def _take(self, state: _Endpoint, claim: Claim, keys: SigningKeys | None, asked: int) -> None:
         endpoint_id = claim.endpoint_id
         if not claim.open:
             state.wanting = False
@@ -340,9 +357,9 @@ class DeliveryEngine:
             if self._stopping:
                 self._give_back(state, claim, delivery)
             elif index < claim.room:
-                self._start(state, claim, delivery, secret)
+                self._start(state, claim, delivery, keys)
             else:
-                state.waiting.append((claim, delivery, secret))
+                state.waiting.append((claim, delivery, keys))
         if self._stopping:
             return
         state.wanting = claim.more_due
@@ -361,20 +378,20 @@ class DeliveryEngine:
     # --- attempting -----------------------------------------------------------------------------
 
     def _start(
-        self, state: _Endpoint, claim: Claim, delivery: ClaimedDelivery, secret: str | None
+        self, state: _Endpoint, claim: Claim, delivery: ClaimedDelivery, keys: SigningKeys | None
     ) -> None:
         state.in_flight += 1
         self._in_flight += 1
-        self._spawn(self._attempt(state, claim, delivery, secret))
+        self._spawn(self._attempt(state, claim, delivery, keys))
 
     async def _attempt(
-        self, state: _Endpoint, claim: Claim, delivery: ClaimedDelivery, secret: str | None
+        self, state: _Endpoint, claim: Claim, delivery: ClaimedDelivery, keys: SigningKeys | None
     ) -> None:
         outcome = None
         try:
             if (delivery.leased_until - utcnow()).total_seconds() < self.timeout + 1:
                 pass  # the lease might not outlast it (a slow claim): given back unattempted
-            elif secret is None:
+            elif keys is None:
                 outcome = AttemptOutcome(
                     requested_at=utcnow(),
                     duration_ms=0,
@@ -385,7 +402,8 @@ class DeliveryEngine:
             else:
                 outcome = await self._transport.send_attempt(
                     url=claim.url,
-                    secret=secret,
+                    secret=keys.current,
+                    previous_secret=keys.previous_now(),
                     body=delivery.body,
                     event_name=delivery.event_name,
                     delivery_id=delivery.id,
@@ -593,12 +611,20 @@ class DeliveryEngine:
         await self._transport.close()
 
 
-def _signing_secret(claim: Claim) -> str | None:
+def _signing_keys(claim: Claim) -> SigningKeys | None:
+    box = secret_box()
     try:
-        return secret_box().decrypt(claim.secret_ciphertext)
+        current = box.decrypt(claim.secret_ciphertext)
     except InvalidToken:
         log.error("signing secret of endpoint %s cannot be decrypted", claim.endpoint_id)
         return None
+    previous = None
+    if claim.previous_secret_ciphertext is not None:
+        try:
+            previous = box.decrypt(claim.previous_secret_ciphertext)
+        except InvalidToken:  # the current one still signs
+            log.error("previous secret of endpoint %s cannot be decrypted", claim.endpoint_id)
+    return SigningKeys(current, previous, claim.previous_secret_expires_at)
 
 
 def _log_attempt(claim, delivery, outcome: AttemptOutcome, recorded: Recorded) -> None:

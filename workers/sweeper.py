@@ -1,4 +1,5 @@
-"""The sweeper: finds due deliveries that no job will pick up and queues drains for them.
+"""The sweeper: finds due deliveries that no job will pick up and queues drains for them, and
+destroys the previous signing secrets whose rotation overlap has ended.
 
 A job can be lost without losing a delivery: Redis was down when the event was committed, a
 worker was killed mid-attempt (its lease then expires), Redis lost its data, a job expired. The
@@ -15,6 +16,7 @@ from flask import Flask
 
 from models.columns import utcnow
 from services.delivery_attempts import endpoints_with_overdue_deliveries
+from services.webhook_endpoints import forget_expired_previous_secrets
 from workers import dispatch
 from workers.connection import redis_connection
 
@@ -38,4 +40,7 @@ def sweep(app: Flask) -> int:
     queued = dispatch.request_drains(app, endpoint_ids)
     if queued:
         log.info("sweeper queued drains for %d endpoint(s) with overdue deliveries", queued)
+    forgotten = forget_expired_previous_secrets(now=now)
+    if forgotten:
+        log.info("destroyed %d previous signing secret(s) whose overlap ended", forgotten)
     return queued

@@ -76,12 +76,20 @@ class Transport:
         await self._session.close()
 
     async def send_attempt(
-        self, *, url: str, secret: str, body: bytes, event_name: str, delivery_id: str
+        self,
+        *,
+        url: str,
+        secret: str,
+        body: bytes,
+        event_name: str,
+        delivery_id: str,
+        previous_secret: str | None = None,
     ) -> AttemptOutcome:
         requested_at = utcnow()
         started = time.perf_counter()
         headers = delivery_headers(
             secret=secret,
+            previous_secret=previous_secret,
             timestamp=int(time.time()),
             raw_body=body,
             event_name=event_name,

@@ -18,6 +18,7 @@ from schemas.webhooks import (
     IssuedEndpointSchema,
     QueuedDeliverySchema,
     RotatedSecretSchema,
+    RotateSecretSchema,
     UpdatedEndpointSchema,
 )
 from services.deliveries import get_delivery_detail, list_deliveries, redeliver
@@ -96,13 +97,17 @@ def update_webhook_endpoint(brand_id: str, endpoint_id: str, body: dict):
     operation_id="rotateWebhookSecret",
     tag=ENDPOINTS,
     summary="Replace an endpoint's signing secret",
-    description="Effective at once: every attempt from now on, retries included, is signed "
-    "with the new secret only. Deploy it to your receiver first, or accept both for a while.",
+    description="Without `overlapSeconds`, effective at once: every attempt from now on, "
+    "retries included, is signed with the new secret only. With it, each delivery is signed "
+    "with both the new and the previous secret until `previousSecretExpiresAt` (two values "
+    "in `X-Service-Signature` and in `webhook-signature`, newest first), so that you deploy "
+    "the new secret to your receivers at your own pace.",
+    body=RotateSecretSchema,
     response=RotatedSecretSchema,
     message="Signing secret rotated; store it now, it is not shown again",
 )
-def rotate_webhook_secret(brand_id: str, endpoint_id: str):
-    return rotate_signing_secret(brand_id=brand_id, endpoint_id=endpoint_id)
+def rotate_webhook_secret(brand_id: str, endpoint_id: str, body: dict):
+    return rotate_signing_secret(brand_id=brand_id, endpoint_id=endpoint_id, **body)
 
 
 @api.delete("/brand/<brand_id>/webhook/<endpoint_id>/delete-endpoint")

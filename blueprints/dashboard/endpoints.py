@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 from flask import flash, redirect, request, url_for
 
 from blueprints.dashboard import dashboard, one_time
-from blueprints.dashboard.rendering import load_form, render, render_confirmation
+from blueprints.dashboard.rendering import load, load_form, render, render_confirmation
 from blueprints.dashboard.session import current_caller, is_htmx, signed_in
 from extensions import db
 from models.columns import utcnow
@@ -32,6 +32,7 @@ from schemas.webhooks import (
     EndpointUpdateSchema,
     IssuedEndpointSchema,
     RotatedSecretSchema,
+    RotateSecretSchema,
 )
 from services.deliveries import list_deliveries
 from services.errors import ValidationFailed
@@ -63,6 +64,14 @@ _endpoints = EndpointSchema(many=True)
 _endpoint = EndpointSchema()
 _issued = IssuedEndpointSchema()
 _rotated = RotatedSecretSchema()
+_rotate_form = RotateSecretSchema()
+# The overlaps the rotate form offers (the API takes any number of seconds up to a week).
+OVERLAP_CHOICES = (
+    (0, "None: the current secret stops at once"),
+    (3600, "1 hour"),
+    (86400, "24 hours"),
+    (604800, "7 days"),
+)
 _deliveries = DeliverySchema(many=True)
 _register_form = EndpointRegisterSchema()
 _update_form = EndpointUpdateSchema()
@@ -163,6 +172,7 @@ def _detail_context(record, **extra) -> dict:
         "errors": {},
         "dropped_events": [],
         "rotated": None,
+        "overlap_choices": OVERLAP_CHOICES,
         "queued": None,
         "confirmations": _confirmations(endpoint),
     }
@@ -183,9 +193,10 @@ def _confirmations(endpoint: dict) -> dict[str, dict]:
         },
         "rotate": {
             "title": "Rotate the signing secret?",
-            "consequence": "Rotate the signing secret? The current secret stops verifying at "
-            "once: every delivery from now on, retries included, is signed with the new one "
-            "only.",
+            "consequence": "Rotate the signing secret? With an overlap, the current secret "
+            "goes on signing every delivery beside the new one until the overlap ends; "
+            "without one it stops verifying at once, and every delivery from now on, retries "
+            "included, is signed with the new one only.",
             "button": "Rotate secret",
             "action": url_for("dashboard.rotate_endpoint_secret", endpoint_id=endpoint_id),
         },
@@ -328,14 +339,48 @@ def _set_active(endpoint_id: str, active: bool):
 @dashboard.get("/endpoints/<endpoint_id>/rotate-secret")
 @signed_in(write=True)
 def confirm_rotate_endpoint_secret(endpoint_id: str):
-    return _confirm(endpoint_id, "rotate")
+    endpoint = _endpoint.dump(_load(endpoint_id))
+    overlap = _overlap_seconds(request.args)
+    confirmation = _confirmations(endpoint)["rotate"] | {
+        "fields": {"overlapSeconds": overlap},
+        "consequence": _overlap_consequence(overlap),
+    }
+    back = url_for("dashboard.endpoint", endpoint_id=endpoint_id)
+    return render_confirmation(confirmation, back=back)
+
+
+def _overlap_seconds(values) -> int:
+    """The form's overlap, through the API's schema (a form sends the number as text)."""
+    raw = values.get("overlapSeconds", "0")
+    return load(_rotate_form, {"overlapSeconds": int(raw) if raw.isdigit() else raw})[
+        "overlap_seconds"
+    ]
+
+
+def _overlap_consequence(overlap: int) -> str:
+    if not overlap:
+        return (
+            "Rotate the signing secret with no overlap? The current secret stops verifying at "
+            "once: every delivery from now on, retries included, is signed with the new one "
+            "only."
+        )
+    label = dict(OVERLAP_CHOICES).get(overlap, f"{overlap} seconds")
+    return (
+        f"Rotate the signing secret with an overlap of {label}? Until it ends every delivery "
+        "is signed with both the new and the current secret, so receivers with either "
+        "verify it; after that only the new one signs."
+    )
 
 
 @dashboard.post("/endpoints/<endpoint_id>/rotate-secret")
 @signed_in(write=True)
 def rotate_endpoint_secret(endpoint_id: str):
     """rotateWebhookSecret: the new secret is shown once, in this answer or the page after."""
-    issued = rotate_signing_secret(brand_id=current_caller().brand_id, endpoint_id=endpoint_id)
+    issued = rotate_signing_secret(
+        brand_id=current_caller().brand_id,
+        endpoint_id=endpoint_id,
+        overlap_seconds=_overlap_seconds(request.form),
+    )
     rotated = _rotated.dump(issued)
     db.session.commit()
     if not is_htmx():
