@@ -619,6 +619,69 @@ def test_rotate_secret_without_js_shows_it_on_the_page(app, client, brand, write
         assert secret_box().decrypt(_endpoint_row(app, endpoint_id).secret_ciphertext) == secret
 
 
+def test_rotate_with_an_overlap_keeps_the_old_secret_signing_until_shown(
+    app, client, brand, write_key
+):
+    """The overlap chosen on the page reaches the service, with JavaScript (the form's value
+    in htmx's post) and without (through the confirmation page's hidden field)."""
+    endpoint_id, old_secret = _register(app, brand)
+    token = sign_in(client, write_key)
+    page = _text(client.get(f"/dashboard/endpoints/{endpoint_id}"))
+    assert '<select id="overlap-seconds" name="overlapSeconds">' in page
+    assert '<option value="86400">24 hours</option>' in page
+
+    # Without JavaScript: the GET form asks first, and carries the choice to the POST.
+    question = _text(
+        client.get(f"/dashboard/endpoints/{endpoint_id}/rotate-secret?overlapSeconds=86400")
+    )
+    assert "with an overlap of 24 hours?" in question
+    assert '<input type="hidden" name="overlapSeconds" value="86400">' in question
+    response = client.post(
+        f"/dashboard/endpoints/{endpoint_id}/rotate-secret",
+        data={"csrf_token": token, "overlapSeconds": "86400"},
+    )
+    assert response.status_code == 303
+    shown = _text(client.get(f"/dashboard/endpoints/{endpoint_id}"))
+    [new_secret] = set(SIGNING_SECRET.findall(shown))
+    assert "signed with both this secret and the previous one" in shown
+    with app.test_request_context():
+        row = _endpoint_row(app, endpoint_id)
+        assert secret_box().decrypt(row.previous_secret_ciphertext) == old_secret
+        assert secret_box().decrypt(row.secret_ciphertext) == new_secret
+        until = row.previous_secret_expires_at
+    later = _text(client.get(f"/dashboard/endpoints/{endpoint_id}"))
+    assert "The previous secret also signs every delivery until" in later
+    assert until.strftime("%Y-%m-%d %H:%M:%S") in later
+
+    # With htmx, no overlap: the old one stops at once, and the page says nothing of it.
+    response = client.post(
+        f"/dashboard/endpoints/{endpoint_id}/rotate-secret",
+        headers=htmx(token),
+        data={"overlapSeconds": "0"},
+    )
+    assert "The old secret stopped working at once" in _text(response)
+    with app.test_request_context():
+        assert _endpoint_row(app, endpoint_id).previous_secret_ciphertext is None
+    assert "previous secret also signs" not in _text(
+        client.get(f"/dashboard/endpoints/{endpoint_id}")
+    )
+
+
+def test_a_bad_overlap_from_the_page_changes_nothing(app, client, brand, write_key):
+    endpoint_id, _ = _register(app, brand)
+    token = sign_in(client, write_key)
+    with app.test_request_context():
+        before = _endpoint_row(app, endpoint_id).secret_ciphertext
+    response = client.post(
+        f"/dashboard/endpoints/{endpoint_id}/rotate-secret",
+        headers=htmx(token),
+        data={"overlapSeconds": "9999999"},
+    )
+    assert response.status_code in (400, 422)
+    with app.test_request_context():
+        assert _endpoint_row(app, endpoint_id).secret_ciphertext == before
+
+
 def test_destructive_endpoint_actions_ask_on_a_page_without_javascript(
     app, client, brand, write_key
 ):
