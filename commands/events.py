@@ -20,6 +20,7 @@ from commands import command_transaction
 from models.columns import utcnow
 from models.event_catalog import EVENT_NAMES, is_event_name, sample_data
 from services.brands import get_brand
+from services.deliveries import recover_failed_deliveries
 from services.events import publish_event
 from workers.connection import redis_connection
 
@@ -69,6 +70,38 @@ def emit_command(brand_id: str, event_name: str, data_json: str | None) -> None:
     waiting = _why_nothing_sends()
     if waiting:
         click.echo(waiting, err=True)
+
+
+@events.command("recover")
+@click.argument("brand_id")
+@click.argument("endpoint_id")
+@click.option(
+    "--since",
+    required=True,
+    type=click.DateTime(["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%d %H:%M:%S%z"]),
+    help="Failed deliveries created from this moment, with its offset (e.g. "
+    "2026-11-20T08:00:00+00:00); at most 14 days ago.",
+)
+@click.option(
+    "--until",
+    default=None,
+    type=click.DateTime(["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%d %H:%M:%S%z"]),
+    help="…and before this one (default: now).",
+)
+def recover_command(brand_id: str, endpoint_id: str, since, until) -> None:
+    """Send again every failed delivery of ENDPOINT_ID created in the window, once, in the
+    order they were first created (after a receiver's outage); prints how many were queued.
+    The same as the API's recover and the endpoint page's "Send again what failed"."""
+    with command_transaction():
+        get_brand(brand_id)
+        recovered = recover_failed_deliveries(
+            brand_id=brand_id, endpoint_id=endpoint_id, since=since, until=until
+        )
+    click.echo(recovered.queued)
+    if recovered.queued:
+        waiting = _why_nothing_sends()
+        if waiting:
+            click.echo(waiting, err=True)
 
 
 def _why_nothing_sends() -> str | None:

@@ -177,6 +177,35 @@ class RotatedSecretSchema(ApiSchema):
     previous_secret_expires_at = _previous_secret_field()
 
 
+class RecoverSchema(ApiSchema):
+    since = fields.AwareDateTime(
+        required=True,
+        metadata={
+            "description": "Recover failed deliveries created from this moment (ISO 8601 with "
+            "its offset or `Z`; at most 14 days ago).",
+            "example": "2026-11-20T08:00:00Z",
+        },
+    )
+    until = fields.AwareDateTime(
+        load_default=None,
+        metadata={
+            "description": "…and before this one (default: now).",
+            "example": "2026-11-20T11:30:00Z",
+        },
+    )
+
+
+class RecoveredSchema(ApiSchema):
+    endpoint_id = fields.String(metadata={"example": ENDPOINT_ID_EXAMPLE})
+    queued = fields.Integer(
+        metadata={
+            "description": "How many failed deliveries were queued again, each as a new "
+            "delivery of the same event; 0 when there was nothing left to recover.",
+            "example": 42,
+        }
+    )
+
+
 class EndpointListSchema(ApiSchema):
     endpoints = fields.List(fields.Nested(EndpointSchema))
 

@@ -8,16 +8,20 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from flask import current_app
-from sqlalchemy import false, func, not_, select, update
+from sqlalchemy import false, func, not_, select, text, update
 
 from extensions import db
 from models import WebhookAttempt, WebhookDelivery, WebhookEndpoint, WebhookEvent
+from models.columns import utcnow
 from models.paging import DESCENDING
 from models.webhook_delivery import DELIVERED, FAILED, PENDING
-from services.errors import NotFound
+from services.errors import NotFound, ValidationFailed
 from services.events import deliver_again
 from services.pagination import Page, paginate
 from services.record_reads import in_creation_order
+
+# How far back recover reaches (CONTRACT 8.3).
+RECOVER_WINDOW = timedelta(days=14)
 
 
 @dataclass(frozen=True)
@@ -184,26 +188,110 @@ def get_delivery_detail(brand_id: str, delivery_id: str) -> DeliveryDetail:
 
 def redeliver(*, brand_id: str, delivery_id: str, now: datetime | None = None) -> str:
     """A new delivery of the same event (same body, same event id) to the same endpoint; its id.
+    The original notes it (`redelivered_as`), so recover does not send it once more.
 
     :raise NotFound: no such delivery, or its endpoint was deleted or is disabled.
     """
     original = get_delivery(brand_id, delivery_id)
-    endpoint = db.session.scalar(
-        select(WebhookEndpoint).where(WebhookEndpoint.id == original.endpoint_id)
-    )
-    if endpoint is None or endpoint.deleted_at is not None:
-        raise NotFound("The endpoint of this delivery was deleted")
-    if not endpoint.is_active:
-        raise NotFound(
-            "The endpoint of this delivery is disabled; re-enable it with update-endpoint first"
-        )
-    return deliver_again(
+    _endpoint_taking_deliveries(original.endpoint_id, "The endpoint of this delivery")
+    [new_delivery] = deliver_again(
         brand_id=brand_id,
-        event_id=original.event_id,
-        event_name=original.event_name,
-        endpoint_id=endpoint.id,
+        endpoint_id=original.endpoint_id,
+        events=[(original.event_id, original.event_name)],
         now=now,
     )
+    original.redelivered_as = new_delivery
+    return new_delivery
+
+
+@dataclass(frozen=True)
+class Recovered:
+    endpoint_id: str
+    queued: int
+
+
+def recover_failed_deliveries(
+    *,
+    brand_id: str,
+    endpoint_id: str,
+    since: datetime,
+    until: datetime | None = None,
+    now: datetime | None = None,
+) -> Recovered:
+    """A new delivery of every `failed` delivery of the endpoint created in [since, until)
+    (until: now by default) that was neither recovered nor redelivered yet, in the order they
+    were created (CONTRACT 8.3). Run twice, the second finds nothing more to queue: each
+    original notes its new delivery, under a row lock a concurrent recover waits for.
+
+    :raise ValidationFailed: `since` more than 14 days ago, or not before `until`.
+    :raise NotFound: no such endpoint in this brand, or it is disabled or deleted.
+    """
+    now = now or utcnow()
+    errors = {}
+    if since < now - RECOVER_WINDOW:
+        errors["since"] = [f"Must be at most {RECOVER_WINDOW.days} days ago."]
+    elif since >= now:
+        errors["since"] = ["Must be in the past."]
+    if until is not None and until <= since:
+        errors["until"] = ["Must be after since."]
+    if errors:
+        raise ValidationFailed("Invalid recovery window", errors)
+    until = min(until or now, now)
+    endpoint = _endpoint_taking_deliveries(endpoint_id, "This endpoint", brand_id=brand_id)
+    failed = db.session.execute(
+        select(WebhookDelivery.id, WebhookDelivery.event_id, WebhookDelivery.event_name)
+        .where(
+            WebhookDelivery.brand_id == brand_id,
+            WebhookDelivery.endpoint_id == endpoint.id,
+            WebhookDelivery.status == FAILED,
+            WebhookDelivery.redelivered_as.is_(None),
+            WebhookDelivery.created_at >= since,
+            WebhookDelivery.created_at < until,
+        )
+        .order_by(WebhookDelivery.created_at, WebhookDelivery.id)
+        .with_for_update()
+    ).all()
+    new_ids = deliver_again(
+        brand_id=brand_id,
+        endpoint_id=endpoint.id,
+        events=[(row.event_id, row.event_name) for row in failed],
+        now=now,
+    )
+    if failed:
+        db.session.execute(
+            _NOTE_REDELIVERED,
+            {"originals": [row.id for row in failed], "new_ids": new_ids},
+        )
+    return Recovered(endpoint_id=endpoint.id, queued=len(failed))
+
+
+_NOTE_REDELIVERED = text(
+    """
+    UPDATE webhook_deliveries AS original SET redelivered_as = noted.new_id
+    FROM unnest(CAST(:originals AS varchar[]), CAST(:new_ids AS varchar[]))
+         AS noted(original_id, new_id)
+    WHERE original.id = noted.original_id
+    """
+)
+
+
+def _endpoint_taking_deliveries(
+    endpoint_id: str, subject: str, *, brand_id: str | None = None
+) -> WebhookEndpoint:
+    """The endpoint, if it takes deliveries now (redeliver, recover).
+
+    :raise NotFound: it does not exist (in that brand), was deleted, or is disabled."""
+    query = select(WebhookEndpoint).where(WebhookEndpoint.id == endpoint_id)
+    if brand_id is not None:
+        query = query.where(WebhookEndpoint.brand_id == brand_id)
+    endpoint = db.session.scalar(query)
+    if endpoint is None or endpoint.deleted_at is not None:
+        if brand_id is not None:
+            raise NotFound(f"No webhook endpoint with id {endpoint_id!r} in this brand")
+        raise NotFound(f"{subject} was deleted")
+    if not endpoint.is_active:
+        raise NotFound(f"{subject} is disabled; re-enable it with update-endpoint first")
+    return endpoint
 
 
 def fail_pending_deliveries(endpoint_id: str, *, error: str) -> int:

@@ -120,27 +120,37 @@ def wake_after_commit(endpoint_ids: Iterable[str]) -> None:
 
 
 def deliver_again(
-    *, brand_id: str, event_id: str, event_name: str, endpoint_id: str, now: datetime | None
-) -> str:
-    """One more delivery of a stored event, same body, to one endpoint (redeliver); its id."""
+    *,
+    brand_id: str,
+    endpoint_id: str,
+    events: Sequence[tuple[str, str]],
+    now: datetime | None = None,
+) -> list[str]:
+    """One more delivery of each stored event, `(event id, event name)`, to one endpoint
+    (redeliver, recover): the same body, a new delivery id. Their ids, which sort in the order
+    given, so the worker sends them in that order."""
     now = now or utcnow()
-    delivery_id = new_id("whd")
-    db.session.execute(
-        _INSERT_DELIVERY,
-        {
-            "id": delivery_id,
-            "brand_id": brand_id,
-            "endpoint_id": endpoint_id,
-            "event_id": event_id,
-            "event_name": event_name,
-            "status": PENDING,
-            "attempt_count": 0,
-            "next_attempt_at": now,
-            "created_at": now,
-        },
-    )
-    _wake_after_commit([endpoint_id])
-    return delivery_id
+    delivery_ids = [new_id("whd") for _ in events]
+    if delivery_ids:
+        db.session.execute(
+            _INSERT_DELIVERY,
+            [
+                {
+                    "id": delivery_id,
+                    "brand_id": brand_id,
+                    "endpoint_id": endpoint_id,
+                    "event_id": event_id,
+                    "event_name": event_name,
+                    "status": PENDING,
+                    "attempt_count": 0,
+                    "next_attempt_at": now,
+                    "created_at": now,
+                }
+                for delivery_id, (event_id, event_name) in zip(delivery_ids, events, strict=True)
+            ],
+        )
+        _wake_after_commit([endpoint_id])
+    return delivery_ids
 
 
 def _wake_after_commit(endpoint_ids: Iterable[str]) -> None:

@@ -1066,3 +1066,43 @@ def test_the_docs_verification_snippets_agree_with_the_signer(tmp_path):
         timeout=30,
     )
     assert shell.stdout.strip() == sign(secret, now, raw) == good["X-Service-Signature"]
+
+
+def test_send_again_what_failed_from_the_endpoint_page(app, client, brand, write_key, read_key):
+    endpoint_id, _ = _register(app, brand)
+    with app.app_context():
+        delivery_ids = [
+            publish_event(brand_id=brand, name="deal.completed", data={"n": n}).delivery_ids[0]
+            for n in range(3)
+        ]
+        db.session.execute(
+            update(WebhookDelivery)
+            .where(WebhookDelivery.id.in_(delivery_ids[:2]))
+            .values(status="failed", next_attempt_at=None, last_error="HTTP 503")
+        )
+        db.session.commit()
+    sign_in(client, read_key)
+    assert 'id="endpoint-recover"' not in _text(client.get(f"/dashboard/endpoints/{endpoint_id}"))
+    token = sign_in(client, write_key)
+    page = _text(client.get(f"/dashboard/endpoints/{endpoint_id}"))
+    assert '<select id="recover-window" name="window">' in page
+    response = client.post(
+        f"/dashboard/endpoints/{endpoint_id}/recover", headers=htmx(token), data={"window": "3600"}
+    )
+    assert response.status_code == 202
+    assert "2 failed deliveries queued again" in _text(response)
+    # Without JavaScript, asking again: back to the page, which says nothing was left.
+    response = client.post(
+        f"/dashboard/endpoints/{endpoint_id}/recover",
+        data={"window": "3600", "csrf_token": token},
+    )
+    assert response.status_code == 303
+    assert "Nothing to send again in that window." in _text(
+        client.get(response.headers["Location"])
+    )
+    assert _delivery_statuses(app, endpoint_id).count("pending") == 3  # 1 original + 2 new
+    bad = client.post(
+        f"/dashboard/endpoints/{endpoint_id}/recover", headers=htmx(token), data={"window": "5"}
+    )
+    assert bad.status_code in (400, 422)
+    assert _delivery_statuses(app, endpoint_id).count("pending") == 3

@@ -18,6 +18,7 @@ from sqlalchemy import func, select
 from extensions import db
 from models import WebhookDelivery, WebhookEvent
 from models.event_catalog import EVENT_NAMES, sample_data
+from services.events import publish_event
 from tests.helpers import assert_success
 from tests.worker_process import WorkerProcess
 from workers.connection import redis_connection
@@ -210,3 +211,34 @@ def test_emit_help_lists_every_event_name(runner):
     assert result.exit_code == 0
     listed = result.output.split("EVENT_NAME is one of:")[1].split()
     assert listed == list(EVENT_NAMES)
+
+
+def test_recover_prints_how_many_failures_it_queued_again(app, runner, brand, write_key, client):
+    endpoint = call(
+        client,
+        brand,
+        write_key,
+        "POST",
+        "webhook/register-endpoint",
+        201,
+        json={"url": "http://127.0.0.1:9/hooks", "events": ["deal.completed"]},
+    )
+    with app.app_context():
+        failed = publish_event(brand_id=brand, name="deal.completed", data={}).delivery_ids[0]
+        db.session.execute(
+            WebhookDelivery.__table__.update()
+            .where(WebhookDelivery.id == failed)
+            .values(status="failed", next_attempt_at=None)
+        )
+        db.session.commit()
+    since = "2020-01-01T00:00:00+00:00"
+    too_old = runner.invoke(args=["events", "recover", brand, endpoint["id"], "--since", since])
+    assert too_old.exit_code != 0 and "at most 14 days ago" in too_old.output
+    recent = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(time.time() - 3600))
+    result = runner.invoke(args=["events", "recover", brand, endpoint["id"], "--since", recent])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == "1"
+    again = runner.invoke(args=["events", "recover", brand, endpoint["id"], "--since", recent])
+    assert again.stdout.strip() == "0"
+    unknown = runner.invoke(args=["events", "recover", brand, "whe_nope", "--since", recent])
+    assert unknown.exit_code != 0 and "whe_nope" in unknown.output

@@ -17,11 +17,18 @@ from schemas.webhooks import (
     EndpointUpdateSchema,
     IssuedEndpointSchema,
     QueuedDeliverySchema,
+    RecoveredSchema,
+    RecoverSchema,
     RotatedSecretSchema,
     RotateSecretSchema,
     UpdatedEndpointSchema,
 )
-from services.deliveries import get_delivery_detail, list_deliveries, redeliver
+from services.deliveries import (
+    get_delivery_detail,
+    list_deliveries,
+    recover_failed_deliveries,
+    redeliver,
+)
 from services.webhook_endpoints import (
     current_url_policy,
     delete_endpoint,
@@ -108,6 +115,27 @@ def update_webhook_endpoint(brand_id: str, endpoint_id: str, body: dict):
 )
 def rotate_webhook_secret(brand_id: str, endpoint_id: str, body: dict):
     return rotate_signing_secret(brand_id=brand_id, endpoint_id=endpoint_id, **body)
+
+
+@api.post("/brand/<brand_id>/webhook/<endpoint_id>/recover")
+@authenticate(scope=WRITE)
+@operation(
+    operation_id="recoverWebhookDeliveries",
+    tag=ENDPOINTS,
+    summary="Send again what failed during an outage",
+    description="Queues a new delivery (as redeliver does: same event, new delivery id) of "
+    "every `failed` delivery of this endpoint created between `since` (at most 14 days ago) "
+    "and `until` (default now) that was not recovered or redelivered already, in the order "
+    "they were first created. They go out at the endpoint's usual pace, beside other "
+    "endpoints' deliveries. Asking twice queues nothing the second time. A disabled endpoint "
+    "answers NOT_FOUND: re-enable it first.",
+    body=RecoverSchema,
+    response=RecoveredSchema,
+    status=202,
+    message="Failed deliveries queued again",
+)
+def recover_webhook_deliveries(brand_id: str, endpoint_id: str, body: dict):
+    return recover_failed_deliveries(brand_id=brand_id, endpoint_id=endpoint_id, **body)
 
 
 @api.delete("/brand/<brand_id>/webhook/<endpoint_id>/delete-endpoint")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from datetime import timedelta
 from urllib.parse import urlsplit
 
 from flask import flash, redirect, request, url_for
@@ -34,7 +35,7 @@ from schemas.webhooks import (
     RotatedSecretSchema,
     RotateSecretSchema,
 )
-from services.deliveries import list_deliveries
+from services.deliveries import list_deliveries, recover_failed_deliveries
 from services.errors import ValidationFailed
 from services.events import API_VERSION
 from services.signing import (
@@ -65,6 +66,13 @@ _endpoint = EndpointSchema()
 _issued = IssuedEndpointSchema()
 _rotated = RotatedSecretSchema()
 _rotate_form = RotateSecretSchema()
+# The windows the recover form offers, back from now (the API takes any, up to 14 days).
+RECOVER_WINDOWS = (
+    (3600, "hour"),
+    (86400, "24 hours"),
+    (7 * 86400, "7 days"),
+    (14 * 86400, "14 days"),
+)
 # The overlaps the rotate form offers (the API takes any number of seconds up to a week).
 OVERLAP_CHOICES = (
     (0, "None: the current secret stops at once"),
@@ -173,6 +181,8 @@ def _detail_context(record, **extra) -> dict:
         "dropped_events": [],
         "rotated": None,
         "overlap_choices": OVERLAP_CHOICES,
+        "recover_windows": RECOVER_WINDOWS,
+        "recovered": None,
         "queued": None,
         "confirmations": _confirmations(endpoint),
     }
@@ -394,6 +404,41 @@ def rotate_endpoint_secret(endpoint_id: str):
         fragment="dashboard/_endpoint_secret.html",
         **_detail_context(issued.record, rotated=rotated),
     )
+
+
+@dashboard.post("/endpoints/<endpoint_id>/recover")
+@signed_in(write=True)
+def recover_endpoint_deliveries(endpoint_id: str):
+    """recoverWebhookDeliveries over the chosen window back from now."""
+    window = _int(request.form.get("window"))
+    if window not in dict(RECOVER_WINDOWS):
+        raise ValidationFailed("Choose one of the windows offered", {"window": ["Not offered."]})
+    now = utcnow()
+    recovered = recover_failed_deliveries(
+        brand_id=current_caller().brand_id,
+        endpoint_id=endpoint_id,
+        since=now - timedelta(seconds=window),
+        now=now,
+    )
+    db.session.commit()
+    if not is_htmx():
+        flash(
+            f"{recovered.queued} failed deliveries queued again."
+            if recovered.queued
+            else "Nothing to send again in that window.",
+            "success" if recovered.queued else "info",
+        )
+        return _back_to(endpoint_id)
+    return render(
+        "dashboard/endpoint.html",
+        fragment="dashboard/_endpoint_recover.html",
+        status=202,
+        **_detail_context(_load(endpoint_id), recovered=recovered),
+    )
+
+
+def _int(value: str | None) -> int | None:
+    return int(value) if value is not None and value.isdigit() else None
 
 
 @dashboard.get("/endpoints/<endpoint_id>/delete")
