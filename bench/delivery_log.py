@@ -1,12 +1,14 @@
 """The delivery log with a million deliveries in one brand, on PostgreSQL.
 
-Builds 1,000,000 deliveries for one brand (5 endpoints, 4 event names, 1% failed, 0.1% pending;
-plus 100,000 of another brand) in a database of its own, then times fetch-deliveries through the
-app (authentication, query parsing, the page and its bounded count, the envelope) for each
-filter, against a ceiling measured in the same run: the two statements of the newest-first page
-(the count bounded at 10,001 rows and SELECT … ORDER BY … LIMIT 20) sent as plain SQL on a raw
-psycopg connection, with no app around them. Ends with one JSON line:
-{"median_ms": {case: ms}, "ceiling_ms": ..., "ratio": ceiling / newest first}
+Builds 1,000,000 deliveries for one brand (5 endpoints, 4 event names, 1% failed, 0.1% pending,
+one a second going back 11.6 days, each with its attempt; plus 100,000 of another brand) in a
+database of its own, then times fetch-deliveries through the app (authentication, query parsing,
+the page and its bounded count, the envelope) for each filter, and an endpoint's health of the
+last 24 hours (the stats route, and fetch-endpoints with every endpoint's figures: 17,280
+attempts per endpoint in the window), against a ceiling measured in the same run: the two
+statements of the newest-first page (the count bounded at 10,001 rows and SELECT … ORDER BY …
+LIMIT 20) sent as plain SQL on a raw psycopg connection, with no app around them. Ends with one
+JSON line: {"median_ms": {case: ms}, "ceiling_ms": ..., "ratio": ceiling / newest first}
 
     .venv/bin/python -m bench.delivery_log
 """
@@ -63,7 +65,18 @@ SEED_SQL = [
     " attempt_count, created_at) SELECT 'whd_o' || i, 'brd_other', 'whe_other', 'evt_bench',"
     " 'deal.completed', 'delivered', 1, now() - (i || ' seconds')::interval"
     " FROM generate_series(1, 100000) i",
+    "INSERT INTO webhook_attempts (delivery_id, endpoint_id, attempt_number, requested_at,"
+    " duration_ms, http_status, error, request_headers)"
+    " SELECT id, endpoint_id, 1, created_at, (random() * 400)::int,"
+    " CASE WHEN status = 'failed' THEN 500 ELSE 200 END,"
+    " CASE WHEN status = 'failed' THEN 'HTTP 500' END, '{}'"
+    " FROM webhook_deliveries WHERE status <> 'pending'",
 ]
+# An endpoint's health of the last 24 hours (CONTRACT 8.4), through the app.
+HEALTH_CASES = {
+    "stats": "/api/v1/brand/brd_bench/webhook/whe_bench3/stats",
+    "fetch-endpoints": "/api/v1/brand/brd_bench/webhook/fetch-endpoints",
+}
 CEILING_COUNT_SQL = (
     "SELECT count(*) FROM (SELECT 1 FROM webhook_deliveries WHERE brand_id = 'brd_bench'"
     " LIMIT 10001) AS bounded"
@@ -87,6 +100,7 @@ def main() -> None:
             for statement in SEED_SQL:
                 connection.execute(statement)
             connection.execute("VACUUM ANALYZE webhook_deliveries")
+            connection.execute("VACUUM ANALYZE webhook_attempts")
             print(f"seeded in {time.perf_counter() - started:.0f} s", file=sys.stderr)
         with app.app_context():
             key = create_api_key(
@@ -101,6 +115,13 @@ def main() -> None:
             assert response.status_code == 200, response.get_json()
 
         results = {name: median_ms(lambda q=query: fetch(q)) for name, query in CASES.items()}
+
+        def fetch_path(path: str):
+            response = client.get(path, headers={"X-Api-Key": key})
+            assert response.status_code == 200, response.get_json()
+
+        for name, path in HEALTH_CASES.items():
+            results[name] = median_ms(lambda p=path: fetch_path(p))
         with psycopg.connect(dsn) as connection:
 
             def bare_page():

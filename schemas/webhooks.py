@@ -206,8 +206,74 @@ class RecoveredSchema(ApiSchema):
     )
 
 
+def _success_rate_field(description: str, **options) -> fields.Float:
+    return fields.Float(
+        allow_none=True,
+        validate=validate.Range(min=0, max=1),
+        metadata={"description": description, "example": 0.9875},
+        **options,
+    )
+
+
+class ListedEndpointSchema(EndpointSchema):
+    """An endpoint in fetch-endpoints, with its health over the last 24 hours (CONTRACT 8.4)."""
+
+    success_rate_24h = _success_rate_field(
+        "Its attempts of the last 24 hours that succeeded, retries included, as a share "
+        "(0-1); null when there was none.",
+        data_key="successRate24h",
+    )
+    last_success_at = Timestamp(
+        allow_none=True,
+        metadata={"description": "Its last successful attempt in the last 24 hours, or null."},
+    )
+
+
 class EndpointListSchema(ApiSchema):
-    endpoints = fields.List(fields.Nested(EndpointSchema))
+    endpoints = fields.List(fields.Nested(ListedEndpointSchema))
+
+
+class DeliveryCountsSchema(ApiSchema):
+    pending = fields.Integer(metadata={"example": 2})
+    delivered = fields.Integer(metadata={"example": 311})
+    failed = fields.Integer(metadata={"example": 4})
+
+
+class DurationPercentilesSchema(ApiSchema):
+    p50 = fields.Integer(allow_none=True, metadata={"example": 84})
+    p95 = fields.Integer(allow_none=True, metadata={"example": 412})
+
+
+class EndpointStatsSchema(ApiSchema):
+    """getWebhookEndpointStats: an endpoint's last 24 hours (CONTRACT 8.4)."""
+
+    endpoint_id = fields.String(metadata={"example": ENDPOINT_ID_EXAMPLE})
+    window_start = Timestamp(metadata={"description": "24 hours before `windowEnd`."})
+    window_end = Timestamp(metadata={"description": "When the figures were read."})
+    deliveries = fields.Nested(
+        DeliveryCountsSchema,
+        metadata={
+            "description": "Its deliveries created in the window, by their status now "
+            "(`pending` includes those retrying)."
+        },
+    )
+    success_rate = _success_rate_field(
+        "Its attempts in the window that succeeded, retries included, as a share (0-1); null "
+        "when there was none."
+    )
+    attempt_duration_ms = fields.Nested(
+        DurationPercentilesSchema,
+        metadata={
+            "description": "How long its attempts in the window took, from sending to the end "
+            "of the answer (or the timeout): median and 95th percentile; null without any."
+        },
+    )
+    last_success_at = Timestamp(
+        allow_none=True, metadata={"description": "Its last successful attempt in the window."}
+    )
+    last_failure_at = Timestamp(
+        allow_none=True, metadata={"description": "Its last failed attempt in the window."}
+    )
 
 
 class DeletedEndpointSchema(ApiSchema):

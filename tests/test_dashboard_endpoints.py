@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ import requests
 from sqlalchemy import func, select, update
 
 from extensions import db
-from models import WebhookDelivery, WebhookEndpoint
+from models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from services.events import publish_event
 from services.secret_box import secret_box
 from services.signing import delivery_headers, sign
@@ -1106,3 +1107,47 @@ def test_send_again_what_failed_from_the_endpoint_page(app, client, brand, write
     )
     assert bad.status_code in (400, 422)
     assert _delivery_statuses(app, endpoint_id).count("pending") == 3
+
+
+def test_the_endpoint_pages_show_its_last_24_hours(app, client, brand, read_key):
+    endpoint_id, _ = _register(app, brand)
+    now = datetime.now(UTC)
+    with app.app_context():
+        [delivery_id] = publish_event(
+            brand_id=brand, name="deal.completed", data={}, only_endpoint_ids=[endpoint_id]
+        ).delivery_ids
+        for number, (ago, error, ms) in enumerate(
+            [
+                (timedelta(minutes=5), None, 40),
+                (timedelta(minutes=20), None, 60),
+                (timedelta(minutes=40), None, 80),
+                (timedelta(hours=3, minutes=10), "HTTP 503", 200),
+                (timedelta(hours=30), None, 5),  # outside the window
+            ],
+            start=1,
+        ):
+            db.session.add(
+                WebhookAttempt(
+                    delivery_id=delivery_id,
+                    endpoint_id=endpoint_id,
+                    attempt_number=number,
+                    requested_at=now - ago,
+                    duration_ms=ms,
+                    error=error,
+                    request_headers={},
+                )
+            )
+        db.session.commit()
+    sign_in(client, read_key)
+    listing = _text(client.get("/dashboard/endpoints"))
+    assert '<td data-label="Success, 24 h">75.0%</td>' in listing
+
+    page = _text(client.get(f"/dashboard/endpoints/{endpoint_id}"))
+    assert "Health, last 24 hours" in page
+    assert "75.0% of attempts" in page
+    assert "70 ms median" in page  # 40, 60, 80, 200: percentile_cont(0.5) = 70
+    hours = re.findall(r"<title>From (\d\d:\d\d) UTC: (\d+) succeeded, (\d+) failed</title>", page)
+    assert len(hours) == 24
+    assert hours[-1][1:] == ("3", "0")  # the last hour: three successes
+    assert hours[-4][1:] == ("0", "1")  # three to four hours ago: the failure
+    assert sum(int(ok) + int(bad) for _, ok, bad in hours) == 4

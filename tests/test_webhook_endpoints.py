@@ -249,7 +249,8 @@ def test_the_endpoint_limit_is_per_brand(client, brand, write_key, make_brand, m
 def test_fetch_endpoints_lists_every_field_but_the_secret(client, brand, write_key, read_key):
     registered = register(client, brand, write_key, events=["deal.accepted"])
     [listed] = list_endpoints(client, brand, read_key)
-    assert set(listed) == ENDPOINT_FIELDS
+    assert set(listed) == ENDPOINT_FIELDS | {"successRate24h", "lastSuccessAt"}
+    assert listed["successRate24h"] is None and listed["lastSuccessAt"] is None  # no attempt
     assert listed["id"] == registered["id"]
     assert listed["url"] == HOOK_URL
     assert listed["events"] == ["deal.accepted"]

@@ -7,6 +7,7 @@ from blueprints.api.auth import authenticate
 from blueprints.api.operations import operation
 from blueprints.api.webhook_callbacks import delivery_callback
 from models.api_key import READ, WRITE
+from models.columns import utcnow
 from schemas.webhooks import (
     DeletedEndpointSchema,
     DeliveryDetailSchema,
@@ -14,6 +15,7 @@ from schemas.webhooks import (
     DeliveryQuerySchema,
     EndpointListSchema,
     EndpointRegisterSchema,
+    EndpointStatsSchema,
     EndpointUpdateSchema,
     IssuedEndpointSchema,
     QueuedDeliverySchema,
@@ -29,6 +31,7 @@ from services.deliveries import (
     recover_failed_deliveries,
     redeliver,
 )
+from services.endpoint_stats import endpoint_stats, with_health
 from services.webhook_endpoints import (
     current_url_policy,
     delete_endpoint,
@@ -71,11 +74,28 @@ def register_webhook_endpoint(brand_id: str, body: dict):
     operation_id="fetchWebhookEndpoints",
     tag=ENDPOINTS,
     summary="List the brand's webhook endpoints",
-    description="Active and disabled endpoints, oldest first. Signing secrets are never listed.",
+    description="Active and disabled endpoints, oldest first, each with its success rate and "
+    "last success of the last 24 hours. Signing secrets are never listed.",
     response=EndpointListSchema,
 )
 def fetch_webhook_endpoints(brand_id: str):
-    return {"endpoints": list_endpoints(brand_id)}
+    return {"endpoints": with_health(list_endpoints(brand_id), now=utcnow())}
+
+
+@api.get("/brand/<brand_id>/webhook/<endpoint_id>/stats")
+@authenticate(scope=READ)
+@operation(
+    operation_id="getWebhookEndpointStats",
+    tag=ENDPOINTS,
+    summary="An endpoint's health over the last 24 hours",
+    description="Its deliveries created in the last 24 hours by status, the share of its "
+    "attempts that succeeded (retries included), their duration's median and 95th "
+    "percentile, and its last success and failure. Watch `successRate` and `lastFailureAt` to "
+    "see an endpoint failing long before it is disabled.",
+    response=EndpointStatsSchema,
+)
+def get_webhook_endpoint_stats(brand_id: str, endpoint_id: str):
+    return endpoint_stats(brand_id=brand_id, endpoint_id=endpoint_id, now=utcnow())
 
 
 @api.patch("/brand/<brand_id>/webhook/<endpoint_id>/update-endpoint")

@@ -30,12 +30,15 @@ from schemas.webhooks import (
     DeliverySchema,
     EndpointRegisterSchema,
     EndpointSchema,
+    EndpointStatsSchema,
     EndpointUpdateSchema,
     IssuedEndpointSchema,
+    ListedEndpointSchema,
     RotatedSecretSchema,
     RotateSecretSchema,
 )
 from services.deliveries import list_deliveries, recover_failed_deliveries
+from services.endpoint_stats import endpoint_stats, with_health
 from services.errors import ValidationFailed
 from services.events import API_VERSION
 from services.signing import (
@@ -61,7 +64,8 @@ RECENT_DELIVERIES = 10
 # that terminates TLS, typically).
 DEFAULT_RECEIVER_PORT = 8000
 
-_endpoints = EndpointSchema(many=True)
+_endpoints = ListedEndpointSchema(many=True)
+_health = EndpointStatsSchema()
 _endpoint = EndpointSchema()
 _issued = IssuedEndpointSchema()
 _rotated = RotatedSecretSchema()
@@ -102,7 +106,7 @@ EVENT_GROUPS = _event_groups()
 def _list_context(**extra) -> dict:
     brand_id = current_caller().brand_id
     context = {
-        "endpoints": _endpoints.dump(list_endpoints(brand_id)),
+        "endpoints": _endpoints.dump(with_health(list_endpoints(brand_id), now=utcnow())),
         "event_groups": EVENT_GROUPS,
         "test_event": TEST_EVENT,
         "url_policy": current_url_policy(),
@@ -165,8 +169,11 @@ def _submitted_form() -> dict:
 
 def _detail_context(record, **extra) -> dict:
     endpoint = _endpoint.dump(record)
+    stats = endpoint_stats(brand_id=record.brand_id, endpoint_id=record.id, now=utcnow())
     context = {
         "endpoint": endpoint,
+        "health": _health.dump(stats),
+        "chart": _health_chart(stats.hours),
         "deliveries": _recent_deliveries(endpoint["id"]),
         "snippet": _snippet_values(endpoint, record.brand_id),
         "event_groups": EVENT_GROUPS,
@@ -482,6 +489,43 @@ def send_endpoint_test(endpoint_id: str):
         status=202,
         **_detail_context(_load(endpoint_id), queued=delivery_id),
     )
+
+
+# ---- the health chart ----
+
+CHART_BAR_WIDTH, CHART_GAP, CHART_HEIGHT = 16, 4, 100
+
+
+def _health_chart(hours) -> dict:
+    """An hour a bar, successes at the bottom and failures stacked on them, scaled to the
+    busiest hour; drawn by _endpoint_health.html as SVG."""
+    peak = max([hour.succeeded + hour.failed for hour in hours] + [1])
+    base = CHART_HEIGHT - 5
+    scale = (CHART_HEIGHT - 10) / peak
+    bars = []
+    for index, hour in enumerate(hours):
+        ok_height = round(hour.succeeded * scale, 1)
+        bad_height = round(hour.failed * scale, 1)
+        bars.append(
+            {
+                "x": index * (CHART_BAR_WIDTH + CHART_GAP) + CHART_GAP // 2,
+                "ok_y": round(base - ok_height, 1),
+                "ok_height": ok_height,
+                "bad_y": round(base - ok_height - bad_height, 1),
+                "bad_height": bad_height,
+                "label": f"From {hour.start:%H:%M} UTC: {hour.succeeded} succeeded, "
+                f"{hour.failed} failed",
+            }
+        )
+    return {
+        "bars": bars,
+        "peak": peak if any(h.succeeded or h.failed for h in hours) else 0,
+        "width": len(hours) * (CHART_BAR_WIDTH + CHART_GAP),
+        "height": CHART_HEIGHT,
+        "base": base + 0.5,
+        "bar_width": CHART_BAR_WIDTH,
+        "since": f"{hours[0].start:%H:%M}",
+    }
 
 
 # ---- the verification snippets' values ----
