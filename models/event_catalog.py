@@ -1,4 +1,5 @@
-"""The 22 event names of SPEC section 6, what each means, and a sample `data` for each.
+"""The 22 event names of SPEC section 6 and the 2 operational ones of CONTRACT 8.5, what each
+means, and a sample `data` for each.
 
 `data` is the record the event is about, in the shape the read API returns it (camelCase, money in
 minor units with `currency`, ISO 8601 UTC timestamps), plus, for events about a change, the fields
@@ -25,6 +26,14 @@ class EventType:
         return self.name.split(".", 1)[0]
 
 
+# What an operational event (CONTRACT 8.5) says of the endpoint it is about.
+_ENDPOINT_HEALTH = {
+    "endpointId": "whe_01jd3kr7s9t1v3w5x7y9z1a3b5",
+    "url": "https://hooks.example.com/brand-api",
+    "consecutiveFailures": 15,
+    "lastError": "HTTP 503",
+    "disabledAt": "2026-11-21T06:40:12.000Z",
+}
 _CAMPAIGN = {
     "id": "cmp_01jd3k9m2x4q8r7t6v5w4y3z2a",
     "name": "Harmattan Glow launch",
@@ -322,6 +331,20 @@ _TYPES = (
             "endpointId": "whe_01jd3kr7s9t1v3w5x7y9z1a3b5",
             "message": "Test ping from the Brand API: your endpoint is reachable.",
         },
+    ),
+    _event(
+        "webhook.endpoint_failing",
+        "Another of the brand's endpoints has failed half the attempts in a row that disable "
+        "an endpoint (once, until a success resets its count): look at it before it is "
+        "disabled. Sent to the brand's other active endpoints subscribed to it.",
+        {**_ENDPOINT_HEALTH, "consecutiveFailures": 8, "disabledAt": None},
+    ),
+    _event(
+        "webhook.endpoint_disabled",
+        "The service disabled another of the brand's endpoints (repeated failures, or its "
+        "receiver answered 410 Gone): it receives nothing until re-enabled, and its pending "
+        "deliveries failed. Sent to the brand's other active endpoints subscribed to it.",
+        _ENDPOINT_HEALTH,
     ),
 )
 

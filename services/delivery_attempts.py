@@ -29,6 +29,7 @@ from services.endpoint_health import (
     count_success,
     disable_endpoint,
     disable_if_failing_too_long,
+    failing_threshold,
 )
 from services.psycopg_direct import fetch_all_on_psycopg, psycopg_sql
 
@@ -356,7 +357,12 @@ def record_attempt(
     if outcome.succeeded:
         count_success(claim.endpoint_id)
     else:
-        failures = count_failure(claim.endpoint_id, outcome.requested_at)
+        failures = count_failure(
+            claim.endpoint_id,
+            outcome.requested_at,
+            error=error,
+            failing_at=failing_threshold(policy.disable_failures),
+        )
     kept = db.session.execute(
         update(WebhookDelivery)
         .where(
@@ -380,7 +386,7 @@ def record_attempt(
     db.session.execute(
         insert(WebhookAttempt).values(**_attempt_row(claim, delivery, outcome, error))
     )
-    if _disabled_by(outcome, failures, claim.endpoint_id, policy, now):
+    if _disabled_by(outcome, failures, claim.endpoint_id, policy, now, error):
         recorded = Recorded(status=FAILED, endpoint_disabled=True, endpoint_open=False)
     elif not _endpoint_open(claim.endpoint_id):
         recorded = Recorded(status=recorded.status, retry_at=recorded.retry_at, endpoint_open=False)
@@ -390,17 +396,22 @@ def record_attempt(
     return recorded
 
 
-def _disabled_by(outcome: AttemptOutcome, failures, endpoint_id: str, policy, now) -> bool:
+def _disabled_by(
+    outcome: AttemptOutcome, failures, endpoint_id: str, policy, now, error: str | None
+) -> bool:
     """Whether this failed attempt disabled the endpoint: at once for a 410 Gone (the receiver
     says it is gone for good), else when the run of failures is long and old enough."""
     if outcome.gone:
-        return disable_endpoint(endpoint_id, reason=GONE_REASON, now=now)
+        return disable_endpoint(
+            endpoint_id, reason=GONE_REASON, now=now, by_service=True, last_error=error
+        )
     return failures is not None and disable_if_failing_too_long(
         endpoint_id,
         failures,
         disable_failures=policy.disable_failures,
         disable_window=policy.disable_window,
         now=now,
+        last_error=error,
     )
 
 

@@ -5,11 +5,15 @@ run of failures or a 410 Gone) and re-enabling it (CONTRACT 4, 6.2 and 8.6).
 The API and the dashboard (update-endpoint) and the worker (after each attempt) all go through
 these functions, so "disabled" always means the same state: `disabled_at` and a reason set,
 every pending delivery ended `failed`, and the failure count kept for the record until the
-endpoint is re-enabled with a clean one.
+endpoint is re-enabled with a clean one. The two operational events of CONTRACT 8.5 are
+published here too, in the transaction of the change they announce: `webhook.endpoint_failing`
+when a run of failures first reaches half the disable threshold, `webhook.endpoint_disabled`
+when the service (not the brand) disables an endpoint.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -17,7 +21,12 @@ from sqlalchemy import update
 
 from extensions import db
 from models import WebhookEndpoint
+from schemas.base import iso_timestamp
 from services.deliveries import fail_pending_deliveries
+from services.events import publish_event
+
+ENDPOINT_FAILING = "webhook.endpoint_failing"
+ENDPOINT_DISABLED = "webhook.endpoint_disabled"
 
 # An endpoint whose last this many attempts failed in a row is probed with one attempt at a time
 # (a half-open circuit breaker), whatever WEBHOOK_ENDPOINT_CONCURRENCY allows a healthy one: a
@@ -40,8 +49,18 @@ class FailureRun:
     is_open: bool
 
 
-def count_failure(endpoint_id: str, failed_at: datetime) -> FailureRun:
-    """One more failed attempt in the endpoint's run (which starts at `failed_at` if new)."""
+def failing_threshold(disable_failures: int) -> int:
+    """The run of failed attempts at which an endpoint is failing (CONTRACT 8.5): half the
+    disable threshold, rounded up (8 of the default 15)."""
+    return max(1, math.ceil(disable_failures / 2))
+
+
+def count_failure(
+    endpoint_id: str, failed_at: datetime, *, error: str | None, failing_at: int
+) -> FailureRun:
+    """One more failed attempt in the endpoint's run (which starts at `failed_at` if new). The
+    attempt that takes the run to `failing_at` announces `webhook.endpoint_failing`: one does,
+    since each failure adds one in its own locked UPDATE, and a success starts the count over."""
     row = db.session.execute(
         update(WebhookEndpoint)
         .where(WebhookEndpoint.id == endpoint_id)
@@ -53,9 +72,20 @@ def count_failure(endpoint_id: str, failed_at: datetime) -> FailureRun:
             WebhookEndpoint.consecutive_failures,
             WebhookEndpoint.failing_since,
             WebhookEndpoint.is_active,
+            WebhookEndpoint.brand_id,
+            WebhookEndpoint.url,
         )
         .execution_options(synchronize_session=False)
     ).one()
+    if row.is_active and row.consecutive_failures == failing_at:
+        _announce(
+            ENDPOINT_FAILING,
+            row,
+            endpoint_id=endpoint_id,
+            last_error=error,
+            disabled_at=None,
+            now=failed_at,
+        )
     return FailureRun(row.consecutive_failures, row.failing_since, row.is_active)
 
 
@@ -76,6 +106,7 @@ def disable_if_failing_too_long(
     disable_failures: int,
     disable_window: timedelta,
     now: datetime,
+    last_error: str | None,
 ) -> bool:
     """Disable the endpoint when its run of failures is both long enough and old enough
     (CONTRACT 6.2: 15 failures in a minute's outage do not disable it, three days do); True
@@ -93,23 +124,72 @@ def disable_if_failing_too_long(
             f"{run.failing_since:%Y-%m-%d %H:%M} UTC"
         ),
         now=now,
+        by_service=True,
+        last_error=last_error,
     )
 
 
-def disable_endpoint(endpoint_id: str, *, reason: str, now: datetime) -> bool:
+def disable_endpoint(
+    endpoint_id: str,
+    *,
+    reason: str,
+    now: datetime,
+    by_service: bool = False,
+    last_error: str | None = None,
+) -> bool:
     """Disable an open endpoint and end its pending deliveries `failed` (leased ones too: their
-    worker's late result is discarded); False when it was already disabled or deleted."""
+    worker's late result is discarded); False when it was already disabled or deleted. When the
+    service does it (`by_service`: failures, a 410), `webhook.endpoint_disabled` says so."""
     disabled = db.session.execute(
         update(WebhookEndpoint)
         .where(WebhookEndpoint.id == endpoint_id, WebhookEndpoint.is_active)
         .values(disabled_at=now, disabled_reason=reason, updated_at=now)
-        .returning(WebhookEndpoint.id)
+        .returning(
+            WebhookEndpoint.id,
+            WebhookEndpoint.brand_id,
+            WebhookEndpoint.url,
+            WebhookEndpoint.consecutive_failures,
+        )
         .execution_options(synchronize_session=False)
     ).first()
     if disabled is None:
         return False
     fail_pending_deliveries(endpoint_id, error=f"Endpoint disabled: {reason}")
+    if by_service:
+        _announce(
+            ENDPOINT_DISABLED,
+            disabled,
+            endpoint_id=endpoint_id,
+            last_error=last_error,
+            disabled_at=now,
+            now=now,
+        )
     return True
+
+
+def _announce(
+    name: str,
+    endpoint,
+    *,
+    endpoint_id: str,
+    last_error: str | None,
+    disabled_at: datetime | None,
+    now: datetime,
+) -> None:
+    """An operational event about the endpoint, to the brand's other endpoints subscribed."""
+    publish_event(
+        brand_id=endpoint.brand_id,
+        name=name,
+        data={
+            "endpointId": endpoint_id,
+            "url": endpoint.url,
+            "consecutiveFailures": endpoint.consecutive_failures,
+            "lastError": last_error,
+            "disabledAt": iso_timestamp(disabled_at) if disabled_at is not None else None,
+        },
+        except_endpoint_ids=[endpoint_id],
+        now=now,
+    )
 
 
 def enable_endpoint(endpoint_id: str, *, now: datetime) -> bool:

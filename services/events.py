@@ -42,11 +42,13 @@ def publish_event(
     name: str,
     data: dict,
     only_endpoint_ids: Collection[str] | None = None,
+    except_endpoint_ids: Collection[str] | None = None,
     now: datetime | None = None,
 ) -> PublishedEvent:
     """Record the event `name` for the brand and a pending delivery to every active endpoint
     subscribed to it (or, with `only_endpoint_ids`, to those active endpoints whatever their
-    subscriptions: the test ping).
+    subscriptions: the test ping; with `except_endpoint_ids`, to the subscribed ones but those:
+    an operational event about one of them).
 
     The brand must exist (callers hold its records; `events emit` checks an id typed by hand):
     reading it again here would cost every postback a round trip.
@@ -73,6 +75,9 @@ def publish_event(
     statement, parameters = _PUBLISH, {}
     if only_endpoint_ids is not None:
         statement, parameters = _PUBLISH_TO_NAMED, {"only_endpoint_ids": list(only_endpoint_ids)}
+    elif except_endpoint_ids is not None:
+        statement = _PUBLISH_TO_OTHERS
+        parameters = {"except_endpoint_ids": list(except_endpoint_ids)}
     delivered = (
         db.session.connection()
         .execute(
@@ -175,9 +180,11 @@ def _dumps(value: dict) -> str:
 _INSERT_DELIVERY = insert(WebhookDelivery.__table__)
 # Who receives an event, decided here only: the brand's open endpoints subscribed to it; for the
 # test ping (`only_endpoint_ids`), the brand's open endpoints among those named, whatever
-# their subscriptions.
+# their subscriptions; for an operational event (`except_endpoint_ids`), the subscribed ones
+# but the endpoint it is about.
 _SUBSCRIBED = endpoint_is_open_sql("endpoint") + " AND endpoint.events ? event.name"
 _NAMED = endpoint_is_open_sql("endpoint") + " AND endpoint.id = ANY(:only_endpoint_ids)"
+_SUBSCRIBED_OTHERS = _SUBSCRIBED + " AND endpoint.id <> ALL(:except_endpoint_ids)"
 
 
 # The event, and a pending delivery to each endpoint that `{receives}` it (at most
@@ -229,4 +236,7 @@ def _publish_statement(ctes: str):
 _PUBLISH = _publish_statement(PUBLISH_CTES)
 _PUBLISH_TO_NAMED = _publish_statement(_publish_ctes(_NAMED)).bindparams(
     bindparam("only_endpoint_ids", type_=ARRAY(String))
+)
+_PUBLISH_TO_OTHERS = _publish_statement(_publish_ctes(_SUBSCRIBED_OTHERS)).bindparams(
+    bindparam("except_endpoint_ids", type_=ARRAY(String))
 )
