@@ -4,6 +4,7 @@ whatever happens), free ports, gunicorn, percentiles and progress lines on stder
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
 import signal
@@ -172,3 +173,40 @@ def start_gunicorn(
         if process.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"{name} did not start:\n" + processes.log_of(process))
         time.sleep(0.1)
+
+
+class HttpRequests(asyncio.Protocol):
+    """The server side of a bare HTTP/1.1 keep-alive connection, for the benchmarks' asyncio
+    receivers (far faster than any sender, so they never cap a figure): each request's head is
+    parsed, its body skipped, and `handle` answers it on `self.transport`, at once or later."""
+
+    def __init__(self) -> None:
+        self.buffer = b""
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:  # no delayed-ACK stall on keep-alive answers (PERFORMANCE-NOTES)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while True:
+            head_end = self.buffer.find(b"\r\n\r\n")
+            if head_end < 0:
+                return
+            head = self.buffer[:head_end].split(b"\r\n")
+            headers = {}
+            for line in head[1:]:
+                name, _, value = line.partition(b":")
+                headers[name.strip().lower()] = value.strip()
+            end = head_end + 4 + int(headers.get(b"content-length", b"0"))
+            if len(self.buffer) < end:
+                return
+            self.buffer = self.buffer[end:]
+            method, target, _ = head[0].split(b" ", 2)
+            self.handle(method, target.decode(), headers)
+
+    def handle(self, method: bytes, target: str, headers: dict[bytes, bytes]) -> None:
+        raise NotImplementedError

@@ -28,7 +28,6 @@ import base64
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import (  # noqa: E402
+    HttpRequests,
     Processes,
     exit_on_sigterm,
     log,
@@ -85,44 +85,21 @@ class _Receipts:
                 waiter.set_result(now)
 
 
-class _ReceiverProtocol(asyncio.Protocol):
+class _ReceiverProtocol(HttpRequests):
     def __init__(self, receipts: _Receipts) -> None:
+        super().__init__()
         self.receipts = receipts
-        self.buffer = b""
-        self.transport: asyncio.Transport | None = None
         self.tasks: set[asyncio.Task] = set()
 
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        while True:
-            head_end = self.buffer.find(b"\r\n\r\n")
-            if head_end < 0:
-                return
-            head = self.buffer[:head_end].split(b"\r\n")
-            headers = {}
-            for line in head[1:]:
-                name, _, value = line.partition(b":")
-                headers[name.strip().lower()] = value.strip()
-            length = int(headers.get(b"content-length", b"0"))
-            end = head_end + 4 + length
-            if len(self.buffer) < end:
-                return
-            self.buffer = self.buffer[end:]
-            method, target, _ = head[0].split(b" ", 2)
-            if method == b"POST":
-                delivery_id = headers.get(DELIVERY_HEADER, b"").decode()
-                self.receipts.record(delivery_id, time.monotonic())
-                self.transport.write(_OK)
-            else:
-                task = asyncio.ensure_future(self._control(target.decode()))
-                self.tasks.add(task)
-                task.add_done_callback(self.tasks.discard)
+    def handle(self, method: bytes, target: str, headers: dict[bytes, bytes]) -> None:
+        if method == b"POST":
+            delivery_id = headers.get(DELIVERY_HEADER, b"").decode()
+            self.receipts.record(delivery_id, time.monotonic())
+            self.transport.write(_OK)
+        else:
+            task = asyncio.ensure_future(self._control(target))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
 
     async def _control(self, target: str) -> None:
         """GET /_stats, /_reset, /_wait?id=...&timeout=... (long poll): JSON answers."""

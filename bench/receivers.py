@@ -31,7 +31,6 @@ import base64
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -43,6 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import (  # noqa: E402
+    HttpRequests,
     Processes,
     exit_on_sigterm,
     log,
@@ -65,55 +65,29 @@ _OK = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\n
 # --------------------------------------------------------------------------------------------
 
 
-class _Receiver(asyncio.Protocol):
+class _Receiver(HttpRequests):
     receipts: dict[str, float] = {}
 
-    def __init__(self) -> None:
-        self.buffer = b""
-        self.transport = None
-
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        while True:
-            head_end = self.buffer.find(b"\r\n\r\n")
-            if head_end < 0:
-                return
-            head = self.buffer[:head_end].split(b"\r\n")
-            headers = {}
-            for line in head[1:]:
-                name, _, value = line.partition(b":")
-                headers[name.strip().lower()] = value.strip()
-            end = head_end + 4 + int(headers.get(b"content-length", b"0"))
-            if len(self.buffer) < end:
-                return
-            self.buffer = self.buffer[end:]
-            _, target, _ = head[0].split(b" ", 2)
-            path = target.decode()
-            if path == "/_receipts":
-                body = json.dumps(_Receiver.receipts).encode()
-                self.transport.write(
-                    b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
-                )
-                continue
-            if path == "/_reset":
-                _Receiver.receipts = {}
-                self.transport.write(_OK)
-                continue
-            delivery_id = headers.get(b"x-service-delivery", b"").decode()
-            _Receiver.receipts.setdefault(delivery_id, time.monotonic())
-            if path.startswith("/hang/"):
-                return  # never answers; the sender's deadline ends it
-            if path.startswith("/delay/"):
-                delay = int(path.split("/")[2]) / 1000
-                asyncio.get_running_loop().call_later(delay, self._answer)
-            else:
-                self._answer()
+    def handle(self, method: bytes, path: str, headers: dict[bytes, bytes]) -> None:
+        if path == "/_receipts":
+            body = json.dumps(_Receiver.receipts).encode()
+            self.transport.write(
+                b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
+            return
+        if path == "/_reset":
+            _Receiver.receipts = {}
+            self.transport.write(_OK)
+            return
+        delivery_id = headers.get(b"x-service-delivery", b"").decode()
+        _Receiver.receipts.setdefault(delivery_id, time.monotonic())
+        if path.startswith("/hang/"):
+            return  # never answers; the sender's deadline ends it
+        if path.startswith("/delay/"):
+            delay = int(path.split("/")[2]) / 1000
+            asyncio.get_running_loop().call_later(delay, self._answer)
+        else:
+            self._answer()
 
     def _answer(self) -> None:
         if self.transport is not None and not self.transport.is_closing():

@@ -221,8 +221,10 @@ def register_endpoint_and_watch_a_test_ping(live: Live, page, receiver: Receiver
         has=page.get_by_role("heading", name="Verify signatures")
     )
     # The tab row appears once the page's script runs; then one panel shows at a time.
-    expect(verify.get_by_role("tab", name="Python")).to_be_visible()
+    expect(verify.get_by_role("tab", name="Python", exact=True)).to_be_visible()
     expect(verify.get_by_role("tabpanel")).to_contain_text("WEBHOOK_SECRET")
+    verify.get_by_role("tab", name="Standard Webhooks (Python)").click()
+    expect(verify.get_by_role("tabpanel")).to_contain_text("from standardwebhooks import")
     verify.get_by_role("tab", name="Node.js").click()
     expect(verify.get_by_role("tab", name="Node.js")).to_have_attribute("aria-selected", "true")
     expect(verify.get_by_role("tabpanel")).to_contain_text("createHmac")

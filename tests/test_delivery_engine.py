@@ -77,31 +77,6 @@ def test_a_healthy_endpoint_is_delivered_while_a_hanging_ones_attempt_is_in_flig
     assert all(api.delivery(d)["status"] == "pending" for d in hanging_ids)
 
 
-def test_a_backlog_does_not_keep_another_endpoints_single_event_waiting(
-    app, api, brand, healthy, start_worker
-):
-    busy = Receiver()
-    busy.default = Reply(delay=0.05)
-    try:
-        api.register(busy.url, events=["escrow.released"])
-        api.register(healthy.url, events=["deal.completed"])
-        publish(app, brand, *(("escrow.released", {"n": n}) for n in range(300)))
-        own = start_worker()
-        busy.wait_for(10)
-
-        before = len(busy.received)
-        publish(app, brand, ("deal.completed", {"single": True}))
-        healthy.wait_for(1)
-        during = len(busy.received) - before
-
-        # The backlog is far from done, and the single event went ahead of it: at most a few
-        # of the backlog's attempts were made meanwhile.
-        assert len(busy.received) < 200, logs(own)
-        assert during <= 10, f"{during} backlog attempts before the single event\n{logs(own)}"
-    finally:
-        busy.close()
-
-
 def test_a_brand_with_10000_due_deliveries_delays_another_brands_event_by_a_few_attempts(
     app, make_brand, healthy, start_worker
 ):

@@ -7,8 +7,6 @@ from __future__ import annotations
 import math
 from datetime import UTC, datetime, timedelta
 
-import pytest
-
 from extensions import db
 from models import WebhookAttempt, WebhookDelivery
 from services.events import publish_event
@@ -20,13 +18,6 @@ from tests.test_webhook_delivery import parse_time, publish
 api = delivery.api
 workers = delivery.workers
 start_worker = delivery.start_worker
-
-
-@pytest.fixture
-def receiver() -> Receiver:
-    server = Receiver()
-    yield server
-    server.close()
 
 
 def percentile(values: list[int], share: float) -> int:

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from models.event_catalog import sample_data
 from tests import test_webhook_delivery as delivery
 from tests.receiver import Receiver, Reply
 from tests.test_webhook_delivery import logs, poll, publish
@@ -91,6 +92,8 @@ def test_failing_then_disabled_each_arrive_once_at_the_other_endpoints(
     assert disabled_event["data"]["lastError"] == "HTTP 500"
     assert disabled_event["data"]["disabledAt"] == disabled["disabledAt"]
     assert disabled_event["brandId"] == brand
+    for event in events:  # the catalogue's samples (on /docs) have the real events' fields
+        assert set(event["data"]) == set(sample_data(event["type"]))
     assert all(r.signature_valid for r in watcher.received)
     assert operational(failing) == []
 

@@ -57,7 +57,15 @@ from tests.receiver import Receiver
 # The fields an event adds to its record to say what changed.
 CHANGE_FIELDS = ("previousStatus", "thresholdPercent", "previousClicks")
 # Events with no platform change behind them (a postback, a test ping, content approval).
-NOT_PLATFORM_EVENTS = {"conversion.recorded", "webhook.test", "content.submitted"}
+# Published elsewhere: postbacks, send-test, and the worker's operational events (their samples
+# are checked against real ones in tests/test_operational_events.py).
+NOT_PLATFORM_EVENTS = {
+    "conversion.recorded",
+    "webhook.test",
+    "content.submitted",
+    "webhook.endpoint_failing",
+    "webhook.endpoint_disabled",
+}
 POST_URL = "https://www.instagram.com/p/C9xYz12AbCd/"
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from tests import test_webhook_delivery as delivery
 from tests.helpers import assert_error
-from tests.receiver import Receiver, Reply
+from tests.receiver import Reply
 from tests.test_webhook_delivery import logs, publish
 
 api = delivery.api
@@ -20,13 +20,6 @@ start_worker = delivery.start_worker
 
 def iso(moment: datetime) -> str:
     return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
-
-
-@pytest.fixture
-def receiver() -> Receiver:
-    server = Receiver()
-    yield server
-    server.close()
 
 
 def recover(api, endpoint_id: str, **body) -> dict:

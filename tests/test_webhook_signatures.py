@@ -15,20 +15,13 @@ from standardwebhooks import Webhook, WebhookVerificationError
 from extensions import db
 from models import WebhookEndpoint
 from tests import test_webhook_delivery as delivery
-from tests.receiver import Received, Receiver, expected_signature
+from tests.receiver import Received, expected_signature
 from tests.test_webhook_delivery import logs, parse_time, publish
 
 api = delivery.api
 workers = delivery.workers
 worker = delivery.worker
 start_worker = delivery.start_worker
-
-
-@pytest.fixture
-def receiver() -> Receiver:
-    server = Receiver()
-    yield server
-    server.close()
 
 
 def verifies(secret: str, request: Received) -> bool:

@@ -20,7 +20,13 @@ from urllib.parse import urlsplit
 from flask import flash, redirect, request, url_for
 
 from blueprints.dashboard import dashboard, one_time
-from blueprints.dashboard.rendering import load, load_form, render, render_confirmation
+from blueprints.dashboard.rendering import (
+    load,
+    load_form,
+    render,
+    render_confirmation,
+    whole_page_wanted,
+)
 from blueprints.dashboard.session import current_caller, is_htmx, signed_in
 from extensions import db
 from models.columns import utcnow
@@ -167,13 +173,18 @@ def _submitted_form() -> dict:
 # ---- one endpoint ----
 
 
-def _detail_context(record, **extra) -> dict:
+def _detail_context(record, *, whole_page: bool | None = None, **extra) -> dict:
+    """What the endpoint page shows; its health (three queries) only when the whole page is
+    drawn, not for the fragments htmx swaps in."""
     endpoint = _endpoint.dump(record)
-    stats = endpoint_stats(brand_id=record.brand_id, endpoint_id=record.id, now=utcnow())
+    health = chart = None
+    if whole_page_wanted() if whole_page is None else whole_page:
+        stats = endpoint_stats(brand_id=record.brand_id, endpoint_id=record.id, now=utcnow())
+        health, chart = _health.dump(stats), _health_chart(stats.hours)
     context = {
         "endpoint": endpoint,
-        "health": _health.dump(stats),
-        "chart": _health_chart(stats.hours),
+        "health": health,
+        "chart": chart,
         "deliveries": _recent_deliveries(endpoint["id"]),
         "snippet": _snippet_values(endpoint, record.brand_id),
         "event_groups": EVENT_GROUPS,
@@ -252,7 +263,10 @@ def _load(endpoint_id: str):
 @signed_in()
 def endpoint(endpoint_id: str):
     rotated = one_time.take(f"signing-secret:{endpoint_id}")
-    return render("dashboard/endpoint.html", **_detail_context(_load(endpoint_id), rotated=rotated))
+    return render(
+        "dashboard/endpoint.html",
+        **_detail_context(_load(endpoint_id), whole_page=True, rotated=rotated),
+    )
 
 
 @dashboard.get("/endpoints/<endpoint_id>/deliveries")

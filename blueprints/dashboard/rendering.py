@@ -14,12 +14,16 @@ from blueprints.dashboard.session import is_htmx
 from services.errors import ValidationFailed
 
 
+def whole_page_wanted() -> bool:
+    """Whether `render` answers this request with the whole page even when it names a fragment:
+    a browser navigating, or htmx restoring a page from history (the back button)."""
+    return not is_htmx() or request.headers.get("HX-History-Restore-Request") == "true"
+
+
 def render(page: str, *, fragment: str | None = None, status: int = 200, **context):
     """`page` for a browser navigating; `fragment` (a template the page includes) for htmx,
     followed by the flash messages, which htmx swaps into the page's flash region."""
-    # htmx restoring a page from history (back button) wants the whole page, not a fragment.
-    restoring = request.headers.get("HX-History-Restore-Request") == "true"
-    if fragment is None or not is_htmx() or restoring:
+    if fragment is None or whole_page_wanted():
         return render_template(page, **context), status
     body = render_template(fragment, **context) + render_template(
         "dashboard/_flashes.html", oob=True
