@@ -152,9 +152,9 @@ def _hours(endpoint_id: str, *, start: datetime, end: datetime) -> list[Hour]:
     (the last one is the hour now running)."""
     succeeded = WebhookAttempt.error.is_(None)
     # Hours counted back from `end`, so that the last bucket ends now.
-    hours_back = func.floor(
-        func.extract("epoch", end - WebhookAttempt.requested_at) / 3600
-    ).cast(db.Integer)
+    hours_back = func.floor(func.extract("epoch", end - WebhookAttempt.requested_at) / 3600).cast(
+        db.Integer
+    )
     buckets = int(WINDOW / timedelta(hours=1))
     counted = [[0, 0] for _ in range(buckets)]
     for back, ok, failed in db.session.execute(
