@@ -371,6 +371,10 @@ def test_every_main_page_shows_the_demo_workspace(browser, live, context, app, r
     # A filter swaps the results in place and puts a shareable URL in the address bar: the
     # chosen filters only, not the form's empty fields.
     nav.get_by_role("link", name="Deliveries", exact=True).click()
+    expect(page.get_by_role("heading", name="Deliveries", exact=True)).to_be_visible()
+    # htmx wires the filter form once the page has loaded: a change before then (a loaded CI
+    # machine) would go unheard.
+    page.wait_for_load_state("load")
     mark_document(page)
     page.get_by_label("Status").select_option("failed")
     expect(page).to_have_url(re.compile(r"/dashboard/deliveries\?status=failed(&sortOrder=desc)?$"))
