@@ -317,7 +317,7 @@ class DeliveryEngine:
         self._claiming = False
         self._dispatch()
 
-    def _claim_in_db(self, asked: dict[str, int]) -> dict[str, tuple[Claim, str | None]]:
+    def _claim_in_db(self, asked: dict[str, int]) -> dict[str, tuple[Claim, SigningKeys | None]]:
         try:
             claims = claim_due_deliveries(
                 asked,
