@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ EMBEDDED_REDIS_URL_FILE = "redis-url"
 
 
 FAILPOINT_ACTIONS = ("exit", "sleep", "raise")
+LOG_FORMATS = ("text", "json")
+_RATE = re.compile(r"([1-9][0-9]{0,8})\s*/\s*(second|minute|hour)")
 
 
 class ConfigError(RuntimeError):
@@ -49,6 +52,12 @@ class Settings:
     webhook_endpoint_concurrency: int
     webhook_sweep_interval: float
     postback_in_flight_window: int
+    webhook_retention_days: int
+    # CONTRACT 9.1: "N/second", "N/minute" or "N/hour", per API key.
+    rate_limit_per_key: str
+    postback_rate_limit_per_key: str
+    log_format: str
+    metrics_token: str | None
     # services.failpoints: read only when APP_ENV=test.
     failpoints: Mapping[str, str]
 
@@ -87,6 +96,15 @@ class Settings:
             postback_in_flight_window=_int(
                 environ, "POSTBACK_IN_FLIGHT_WINDOW", 120, minimum=1, maximum=3600
             ),
+            webhook_retention_days=_int(
+                environ, "WEBHOOK_RETENTION_DAYS", 30, minimum=1, maximum=3650
+            ),
+            rate_limit_per_key=_rate(environ, "RATE_LIMIT_PER_KEY", "6000/minute"),
+            postback_rate_limit_per_key=_rate(
+                environ, "POSTBACK_RATE_LIMIT_PER_KEY", "60000/minute"
+            ),
+            log_format=_choice(environ, "LOG_FORMAT", LOG_FORMATS),
+            metrics_token=environ.get("METRICS_TOKEN", "").strip() or None,
             failpoints=_failpoints(environ, app_env),
         )
 
@@ -233,3 +251,18 @@ def _schedule(environ: Mapping[str, str]) -> tuple[int, ...]:
     if any(delay < 0 for delay in delays):
         raise ConfigError("WEBHOOK_RETRY_SCHEDULE delays must not be negative")
     return delays
+
+
+def _rate(environ: Mapping[str, str], name: str, default: str) -> str:
+    raw = environ.get(name, "").strip() or default
+    match = _RATE.fullmatch(raw.lower())
+    if match is None:
+        raise ConfigError(f"{name} must be N/second, N/minute or N/hour, not {raw!r}")
+    return f"{match[1]}/{match[2]}"
+
+
+def _choice(environ: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
+    raw = environ.get(name, "").strip().lower() or choices[0]
+    if raw not in choices:
+        raise ConfigError(f"{name} must be one of {', '.join(choices)}, not {raw!r}")
+    return raw
