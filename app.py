@@ -17,10 +17,13 @@ from blueprints.dashboard import register_dashboard
 from blueprints.dashboard.session import DashboardCookieSessions
 from blueprints.envelope import REQUEST_ID_HEADER, request_id
 from blueprints.errors import register_error_handlers
+from blueprints.metrics import metrics
 from blueprints.system import system
 from commands import register_commands
 from config import Settings
 from extensions import db, migrate
+from observability.logs import configure_logging
+from observability.metrics import count_request
 from services.secret_box import SecretBox
 from workers import dispatch
 
@@ -50,7 +53,7 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
     )
     app.json.sort_keys = False
     app.session_interface = DashboardCookieSessions()
-    _configure_logging()
+    configure_logging(settings.log_format)
 
     db.init_app(app)
     with app.app_context():
@@ -59,6 +62,7 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
     app.register_blueprint(register_routes())
     app.register_blueprint(register_dashboard())
     app.register_blueprint(system)
+    app.register_blueprint(metrics)
     register_error_handlers(app)
     register_commands(app)
     dispatch.install()
@@ -72,17 +76,6 @@ def _name_connection(dialect, connection_record, cargs, cparams) -> None:
     # the pool (and a test bounding a worker's connections) needs. Set at connect, after any
     # fork, so a gunicorn worker's connections carry its own pid. A URL's own name wins.
     cparams.setdefault("application_name", f"brand-api pid={os.getpid()}")
-
-
-def _configure_logging() -> None:
-    """One line per record with the request id; left alone when a host (gunicorn) set it up."""
-    logger = logging.getLogger("brand_api")
-    if logger.handlers:
-        return
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
 
 
 def _start_request() -> None:
@@ -119,13 +112,35 @@ def _finish_request(response):
     path = request.path
     if not path.isprintable():  # a %0A in the URL must not start a forged log line
         path = path.encode("unicode_escape").decode("ascii")
+    seconds = time.perf_counter() - g.get("started_at", time.perf_counter())
+    operation = _operation_name()
+    count_request(operation, request.method, response.status_code, seconds)
     access_log.info(
         "request_id=%s method=%s path=%s status=%s duration_ms=%.1f caller=%s",
         request_id(),
         request.method,
         path,
         response.status_code,
-        (time.perf_counter() - g.get("started_at", time.perf_counter())) * 1000,
+        seconds * 1000,
         caller.actor if caller else "-",
+        extra={
+            "request_id": request_id(),
+            "operation": operation,
+            "method": request.method,
+            "path": path,
+            "status": response.status_code,
+            "duration_ms": round(seconds * 1000, 1),
+            "brand_id": caller.brand_id if caller else None,
+            "key_id": caller.key_id if caller else None,
+        },
     )
     return response
+
+
+def _operation_name() -> str:
+    """The API's operationId, else the route's endpoint name: a bounded set, fit for a label."""
+    rule = request.url_rule
+    if rule is None:
+        return "unmatched"
+    declared = getattr(current_app.view_functions.get(rule.endpoint), "operation", None)
+    return declared.operation_id if declared else rule.endpoint

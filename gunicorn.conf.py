@@ -5,6 +5,13 @@ Only what every deployment needs is here; workers, threads and binding stay on t
 """
 
 import gc
+import os
+
+from observability.logs import gunicorn_logconfig
+from observability.metrics import mark_process_dead
+
+# LOG_FORMAT=json: gunicorn's own lines are JSON objects too, like the app's.
+logconfig_dict = gunicorn_logconfig(os.environ.get("LOG_FORMAT", "text").strip().lower()) or {}
 
 
 def post_worker_init(worker):
@@ -20,3 +27,8 @@ def post_worker_init(worker):
     """
     gc.collect()
     gc.freeze()
+
+
+def child_exit(server, worker):
+    """prometheus_client's multiprocess mode is told when a worker is gone."""
+    mark_process_dead(worker.pid)

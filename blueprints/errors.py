@@ -13,7 +13,8 @@ from werkzeug.exceptions import HTTPException
 
 from blueprints.envelope import failure, request_id
 from extensions import db
-from services.errors import Conflict, DomainError, ValidationFailed
+from observability.metrics import count_backing_service_error
+from services.errors import DomainError, ValidationFailed
 
 log = logging.getLogger("brand_api.errors")
 
@@ -51,7 +52,7 @@ def handle_domain_error(error: DomainError):
     db.session.rollback()
     errors = error.errors if isinstance(error, ValidationFailed) else None
     headers = {}
-    if isinstance(error, Conflict) and error.retry_after is not None:
+    if error.retry_after is not None:
         headers["Retry-After"] = str(error.retry_after)
     status = STATUS_OF[error.code]
     if _wants_html():
@@ -73,6 +74,8 @@ def handle_http_error(error: HTTPException):
 
 def handle_backing_service_down(error: Exception):
     db.session.rollback()
+    service = "redis" if isinstance(error, redis.exceptions.RedisError) else "database"
+    count_backing_service_error(service, "request")
     log.error(
         "backing service unreachable request_id=%s error=%s", request_id(), type(error).__name__
     )

@@ -31,7 +31,9 @@ Environment (besides the app's own, CONTRACT section 1):
   DATABASE_URL   use this PostgreSQL; no embedded PostgreSQL is started.
   REDIS_URL      use this Redis; no embedded Redis is started.
   RUN_STATE_DIR  where the embedded servers keep their files (`postgres/`, `redis.db`, its
-                 settings file and `run.lock`; a relative path is taken from the repo root);
+                 settings file and `run.lock`) and the processes their metrics (`metrics/`,
+                 unless PROMETHEUS_MULTIPROC_DIR names another; a relative path is taken from
+                 the repo root);
                  default `instance/`. When set, the markers in `instance/` are NOT written: the
                  children get the URLs from this script, and a run with its own state
                  directory (the test suite's) must not redirect the developer's CLI commands.
@@ -62,6 +64,7 @@ from workers.embedded_postgres import EmbeddedPostgres  # noqa: E402
 from workers.embedded_redis import EmbeddedRedis  # noqa: E402
 
 INSTANCE_DIR = REPO / "instance"
+METRICS_DIR_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
 STOP_TIMEOUT = 10.0  # seconds the children get for a graceful shutdown before SIGKILL
 READY_TIMEOUT = 30.0  # how long to wait for gunicorn to listen before printing the banner anyway
 POLL_INTERVAL = 0.2
@@ -369,6 +372,17 @@ class Child:
         return self.process.wait()
 
 
+def fresh_metrics_dir(state_dir: Path) -> Path:
+    """Where gunicorn's workers and the RQ worker write their metrics, so that `GET /metrics`
+    counts them all (prometheus_client's multiprocess mode); emptied at each start, as that
+    mode asks, since the counts of a previous run's processes are not this run's."""
+    directory = state_dir / "metrics"
+    directory.mkdir(parents=True, exist_ok=True)
+    for stale in directory.glob("*.db"):
+        stale.unlink()
+    return directory
+
+
 def start_children(children: list[Child], env: dict[str, str], port: int) -> None:
     """Start gunicorn and one RQ worker, each in a process group of its own (see the module
     doc), appending each to `children` as soon as it exists so that cleanup always sees it."""
@@ -500,10 +514,10 @@ def main() -> int:
         check_port_free(port)
         env = dict(os.environ)
         state_dir_setting = env.get("RUN_STATE_DIR", "").strip()
-        embedded = EmbeddedServers(
-            state_dir=Path(state_dir_setting).resolve() if state_dir_setting else INSTANCE_DIR,
-            advertise=not state_dir_setting,
-        )
+        state_dir = Path(state_dir_setting).resolve() if state_dir_setting else INSTANCE_DIR
+        embedded = EmbeddedServers(state_dir=state_dir, advertise=not state_dir_setting)
+        if not env.get(METRICS_DIR_VARIABLE, "").strip():
+            env[METRICS_DIR_VARIABLE] = str(fresh_metrics_dir(state_dir))
         database_url = env.get("DATABASE_URL", "").strip()
         if not database_url:
             database_url = env["DATABASE_URL"] = embedded.start_postgres()

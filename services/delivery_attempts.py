@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
-from sqlalchemy import insert, or_, select, text, update
+from sqlalchemy import func, insert, or_, select, text, update
 
 from extensions import db
 from models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
@@ -112,6 +112,21 @@ class AttemptOutcome:
     @property
     def succeeded(self) -> bool:
         return self.error is None and self.http_status is not None and 200 <= self.http_status < 300
+
+    @property
+    def kind(self) -> str:
+        """succeeded, http_error, timeout, not_sent or network_error: for metrics, whose labels
+        must be few. The sender's errors start with the words this reads (workers/transport.py)."""
+        if self.succeeded:
+            return "succeeded"
+        if self.http_status is not None:
+            return "http_error"
+        error = self.error or ""
+        if error.startswith("Timed out"):
+            return "timeout"
+        if error.startswith("Not sent"):
+            return "not_sent"
+        return "network_error"
 
 
 @dataclass(frozen=True)
@@ -534,6 +549,29 @@ def endpoints_with_overdue_deliveries(
     endpoint_ids = list(db.session.scalars(statement))
     db.session.commit()
     return endpoint_ids
+
+
+@dataclass(frozen=True)
+class DeliveryBacklog:
+    """The work waiting, for `GET /metrics` (docs/operations.md says what to alert on)."""
+
+    pending: int
+    due: int  # claimable now: pending, due and held by no worker
+    oldest_due_at: datetime | None
+
+
+def delivery_backlog(*, now: datetime) -> DeliveryBacklog:
+    """Counted on the pending rows only (partial indexes), however long the delivery log is."""
+    due = _claimable(now).whereclause
+    pending, due_count, oldest = db.session.execute(
+        select(
+            func.count(),
+            func.count().filter(due),
+            func.min(WebhookDelivery.next_attempt_at).filter(due),
+        ).where(WebhookDelivery.status == PENDING)
+    ).one()
+    db.session.commit()
+    return DeliveryBacklog(pending=pending, due=due_count, oldest_due_at=oldest)
 
 
 def _claimable(now: datetime):

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import update
+from sqlalchemy import func, select, update
 
 from extensions import db
 from models import WebhookEndpoint
@@ -190,6 +190,17 @@ def _announce(
         except_endpoint_ids=[endpoint_id],
         now=now,
     )
+
+
+def count_disabled_endpoints() -> int:
+    """Endpoints disabled and not deleted, every brand's: a number operators watch."""
+    count = db.session.scalar(
+        select(func.count()).where(
+            WebhookEndpoint.disabled_at.is_not(None), WebhookEndpoint.deleted_at.is_(None)
+        )
+    )
+    db.session.commit()
+    return count
 
 
 def enable_endpoint(endpoint_id: str, *, now: datetime) -> bool:

@@ -7,6 +7,8 @@ from __future__ import annotations
 class DomainError(Exception):
     code = "INTERNAL_ERROR"
     default_message = "An unexpected error occurred"
+    # Seconds a caller should wait before trying again, sent as Retry-After when set.
+    retry_after: int | None = None
 
     def __init__(self, message: str | None = None) -> None:
         self.message = message or self.default_message
@@ -49,3 +51,13 @@ class Conflict(DomainError):
 class ServiceUnavailable(DomainError):
     code = "SERVICE_UNAVAILABLE"
     default_message = "A backing service is unavailable; nothing was changed, retry shortly"
+
+
+class RateLimited(DomainError):
+    code = "RATE_LIMITED"
+    default_message = "Too many requests for this API key; retry after the Retry-After seconds"
+
+    def __init__(self, retry_after: int, state: object = None, message: str | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
+        self.state = state  # the RateLimit-* headers' numbers (services.rate_limits)

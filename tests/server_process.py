@@ -41,6 +41,7 @@ class ServerProcess:
             prefix="gunicorn-", suffix=".log", delete=False
         )
         env = {**environ, **settings, "PATH": os.environ["PATH"]}
+        self._final_output: str | None = None
         self.process = subprocess.Popen(
             [
                 sys.executable,
@@ -112,10 +113,14 @@ class ServerProcess:
                 self.process.wait(STOP_TIMEOUT)
         self.kill()  # whatever of the group is left (a worker stuck in a request)
         self.log.close()
+        if self._final_output is None:
+            self._final_output = self.output()  # what it said, to its last line
         with contextlib.suppress(OSError):
             os.unlink(self.log.name)
 
     def output(self) -> str:
+        if self._final_output is not None:
+            return self._final_output
         return Path(self.log.name).read_text(errors="replace")
 
 

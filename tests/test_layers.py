@@ -11,6 +11,7 @@ REPO = Path(__file__).resolve().parent.parent
 LAYER = {
     "config": 0,
     "extensions": 0,
+    "observability": 0,
     "models": 1,
     "schemas": 2,
     "services": 3,
@@ -25,6 +26,7 @@ LAYER = {
 def modules() -> list[Path]:
     found = [REPO / f"{name}.py" for name in ("app", "config", "extensions")]
     for package in (
+        "observability",
         "models",
         "schemas",
         "services",

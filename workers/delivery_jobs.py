@@ -5,6 +5,7 @@ jobs while the engine keeps many attempts in flight."""
 from __future__ import annotations
 
 from flask import current_app
+from rq import get_current_job
 
 from workers import dispatch
 from workers.engine import engine_for
@@ -13,7 +14,8 @@ from workers.engine import engine_for
 def drain_endpoints(endpoint_ids: list[str]) -> None:
     app = current_app._get_current_object()
     dispatch.drain_started(app, endpoint_ids)
-    engine_for(app).wake(endpoint_ids)
+    job = get_current_job()
+    engine_for(app).wake(endpoint_ids, job.id if job else None)
 
 
 def drain_endpoint(endpoint_id: str) -> None:

@@ -28,6 +28,7 @@ from rq import Queue
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
+from observability.metrics import count_backing_service_error
 from services.events import WAKE_AFTER_COMMIT
 from workers.connection import QUEUES, redis_connection
 
@@ -104,6 +105,7 @@ def request_drains(app: Flask, endpoint_ids: Iterable[str]) -> int:
             )
         return len(wanted)
     except redis.RedisError as error:
+        count_backing_service_error("redis", "dispatch")
         log.warning(
             "could not queue webhook drains for %d endpoint(s); the sweeper will: %s",
             len(endpoint_ids),
@@ -155,7 +157,8 @@ def schedule_drains(app: Flask, due: Mapping[str, datetime]) -> None:
                 )
             pipe.execute()
     except redis.RedisError as error:
-        log.warning("could not schedule retry drains; the sweeper will: %s", error)
+        count_backing_service_error("redis", "dispatch")
+        log.warning("could not schedule retry drains; the sweeper will: %s", type(error).__name__)
 
 
 class DrainRequester:

@@ -37,6 +37,11 @@ from sqlalchemy.orm import Session
 from extensions import db
 from models.columns import utcnow
 from models.webhook_delivery import DELIVERED
+from observability.metrics import (
+    ENDPOINTS_DISABLED_BY_SERVICE,
+    count_attempt,
+    count_backing_service_error,
+)
 from services.delivery_attempts import (
     AttemptOutcome,
     Claim,
@@ -125,6 +130,7 @@ class _Endpoint:
     not_before: float = 0.0  # loop time before which it gets no new attempt (a cool-down)
     timer: asyncio.TimerHandle | None = None
     timer_at: float = math.inf
+    woken_by: str | None = None  # the RQ job that last asked for it, for the attempts' logs
 
     @property
     def held(self) -> bool:
@@ -184,9 +190,9 @@ class DeliveryEngine:
 
     # --- what the worker's threads call ---------------------------------------------------------
 
-    def wake(self, endpoint_ids: list[str]) -> None:
-        """These endpoints may have due deliveries."""
-        self._loop.call_soon_threadsafe(self._wake, list(endpoint_ids))
+    def wake(self, endpoint_ids: list[str], job_id: str | None = None) -> None:
+        """These endpoints may have due deliveries (RQ job `job_id` says so)."""
+        self._loop.call_soon_threadsafe(self._wake, list(endpoint_ids), job_id)
 
     def idle(self) -> bool:
         """Nothing in flight, claimed, waiting or being recorded, and no retry due within a
@@ -243,10 +249,11 @@ class DeliveryEngine:
             state = self._endpoints[endpoint_id] = _Endpoint()
         return state
 
-    def _wake(self, endpoint_ids: list[str]) -> None:
+    def _wake(self, endpoint_ids: list[str], job_id: str | None = None) -> None:
         for endpoint_id in endpoint_ids:
             state = self._state(endpoint_id)
             state.wanting = True
+            state.woken_by = job_id or state.woken_by
             self._queue(endpoint_id, state)
         self._dispatch()
 
@@ -303,6 +310,7 @@ class DeliveryEngine:
         try:
             claimed = await self._loop.run_in_executor(self._claims, self._claim_in_db, asked)
         except Exception:
+            count_backing_service_error("database", "worker")
             log.exception("claiming webhook deliveries failed; trying again shortly")
             claimed = None
         self._asked -= sum(asked.values())
@@ -433,6 +441,8 @@ class DeliveryEngine:
         lane that records one per transaction, so that a burst of failures (each counted
         against its endpoint, perhaps disabling it) never holds up the healthy endpoints."""
         state.finished.add(delivery.id)
+        if outcome is not None:
+            count_attempt(outcome.kind, outcome.duration_ms / 1000)
         self._to_record(
             self._delivered if outcome and outcome.succeeded else self._others,
             claim,
@@ -454,6 +464,7 @@ class DeliveryEngine:
             try:
                 recorded = await self._loop.run_in_executor(lane.executor, lane.record, batch)
             except Exception:
+                count_backing_service_error("database", "worker")
                 log.exception("recording webhook attempts failed; trying again shortly")
                 # Recorded later while their leases last; past that, whoever claims them next
                 # attempts them again (at least once).
@@ -497,7 +508,9 @@ class DeliveryEngine:
                     continue
                 result = record_attempt(claim, delivery, outcome, policy=self.policy, now=utcnow())
                 results.append(result)
-                _log_attempt(claim, delivery, outcome, result)
+                # Read across threads: the state outlives this record (its slot is held).
+                state = self._endpoints.get(claim.endpoint_id)
+                _log_attempt(claim, delivery, outcome, result, state.woken_by if state else None)
                 if result.retry_at is not None:
                     # If this process is gone by then, RQ's scheduler wakes another worker.
                     drain_requester().add_later(self.app, claim.endpoint_id, result.retry_at)
@@ -627,7 +640,9 @@ def _signing_keys(claim: Claim) -> SigningKeys | None:
     return SigningKeys(current, previous, claim.previous_secret_expires_at)
 
 
-def _log_attempt(claim, delivery, outcome: AttemptOutcome, recorded: Recorded) -> None:
+def _log_attempt(
+    claim, delivery, outcome: AttemptOutcome, recorded: Recorded, job_id: str | None
+) -> None:
     # Successes are the bulk and live in the delivery log; failures are what operators watch.
     log.log(
         logging.DEBUG if outcome.succeeded and recorded.kept else logging.INFO,
@@ -639,9 +654,26 @@ def _log_attempt(claim, delivery, outcome: AttemptOutcome, recorded: Recorded) -
         outcome.http_status,
         outcome.duration_ms,
         "" if recorded.kept else " (discarded: delivery no longer held)",
+        extra={
+            "job_id": job_id,
+            "delivery_id": delivery.id,
+            "endpoint_id": claim.endpoint_id,
+            "event_name": delivery.event_name,
+            "attempt": delivery.attempt_number,
+            "outcome": outcome.kind,
+            "delivery_status": recorded.status,
+            "http_status": outcome.http_status,
+            "duration_ms": outcome.duration_ms,
+        },
     )
     if recorded.endpoint_disabled:
-        log.warning("webhook endpoint %s disabled: %s", claim.endpoint_id, outcome.error)
+        ENDPOINTS_DISABLED_BY_SERVICE.inc()
+        log.warning(
+            "webhook endpoint %s disabled: %s",
+            claim.endpoint_id,
+            outcome.error,
+            extra={"endpoint_id": claim.endpoint_id},
+        )
 
 
 _engine: DeliveryEngine | None = None
