@@ -9,15 +9,17 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from flask import g, request
+from flask import current_app, g, request
 
+from blueprints.api import api
 from services.authentication import (
     Caller,
     authenticate_api_key,
     authenticate_bootstrap_token,
     authorize,
 )
-from services.errors import Unauthorized
+from services.errors import RateLimited, Unauthorized
+from services.rate_limits import API, POSTBACK, RateLimiter
 
 API_KEY_HEADER = "X-Api-Key"
 BOOTSTRAP_TOKEN_HEADER = "X-Service-Bootstrap-Token"  # noqa: S105 - a header name
@@ -29,12 +31,16 @@ class AuthRequirement:
 
     scope: str | None
     bootstrap_token: bool
+    rate_limit: str  # services.rate_limits.API or POSTBACK
 
 
-def authenticate(*, scope: str | None = None, bootstrap_token: bool = False):
+def authenticate(*, scope: str | None = None, bootstrap_token: bool = False, rate_limit: str = API):
     """Require an API key with `scope` (or, for create-key only, a bootstrap token) of the brand
-    named by the route's `brand_id`."""
-    requirement = AuthRequirement(scope=scope, bootstrap_token=bootstrap_token)
+    named by the route's `brand_id`, and count the request against the credential's
+    `rate_limit` (CONTRACT 9.1)."""
+    requirement = AuthRequirement(
+        scope=scope, bootstrap_token=bootstrap_token, rate_limit=rate_limit
+    )
 
     def decorator(view):
         @functools.wraps(view)
@@ -43,8 +49,9 @@ def authenticate(*, scope: str | None = None, bootstrap_token: bool = False):
                 caller = authenticate_bootstrap_token(_presented_bootstrap_token())
             else:
                 caller = authenticate_api_key(_presented_api_key())
-            authorize(caller, kwargs["brand_id"], scope)
             g.caller = caller
+            _count_request(rate_limit, caller)
+            authorize(caller, kwargs["brand_id"], scope)
             return view(*args, **kwargs)
 
         authenticated_view.auth = requirement
@@ -55,6 +62,43 @@ def authenticate(*, scope: str | None = None, bootstrap_token: bool = False):
 
 def current_caller() -> Caller:
     return g.caller
+
+
+def _count_request(limit: str, caller: Caller) -> None:
+    """Counted once the credential is known valid, before anything else of the request runs."""
+    limiter = rate_limiter()
+    if limiter is None:
+        return
+    try:
+        g.rate_limit = limiter.count_request(limit, caller.key_id or caller.bootstrap_token_id)
+    except RateLimited as refused:
+        g.rate_limit = refused.state
+        raise
+
+
+def rate_limiter() -> RateLimiter | None:
+    """The app's limiter, built on first use; None without Redis (a CLI-only app)."""
+    app = current_app
+    limiter = app.extensions.get("rate_limiter")
+    settings = app.extensions["settings"]
+    if limiter is None and settings.redis_url:
+        limiter = RateLimiter(
+            settings.redis_url,
+            {API: settings.rate_limit_per_key, POSTBACK: settings.postback_rate_limit_per_key},
+        )
+        app.extensions["rate_limiter"] = limiter
+    return limiter
+
+
+@api.after_request
+def add_rate_limit_headers(response):
+    """Every answer to a request whose credential was counted says where it stands."""
+    state = g.get("rate_limit")
+    if state is not None:
+        response.headers["RateLimit-Limit"] = str(state.limit)
+        response.headers["RateLimit-Remaining"] = str(state.remaining)
+        response.headers["RateLimit-Reset"] = str(state.reset_after)
+    return response
 
 
 def _bearer() -> str | None:

@@ -19,12 +19,14 @@ from schemas.conversions import (
 )
 from services.conversions import get_conversion, list_conversions
 from services.postbacks import Postback, PostbackOutcome, record_postback
+from services.rate_limits import POSTBACK
 
 REPLAY = (200, "Replay: this Idempotency-Key was recorded before")
 
 
 @api.post("/brand/<brand_id>/conversion/record-postback")
-@authenticate(scope=None)  # SPEC 5, rule 8: any valid key of the brand, read or write
+# SPEC 5, rule 8: any valid key of the brand, read or write; its own, higher rate limit.
+@authenticate(scope=None, rate_limit=POSTBACK)
 @operation(
     operation_id="recordPostback",
     tag="Conversions",
