@@ -768,9 +768,15 @@ def check(conninfo: str, data: dict, tally: Tally) -> list[str]:
 
 
 def child_environment(app) -> dict[str, str]:
-    """The app's own settings, for the servers (as `make run` passes them in the environment)."""
+    """The app's own settings, for the servers (as `make run` passes them in the environment).
+
+    As under `make run`, the servers count their metrics in a shared directory and every
+    postback is counted against its key's rate limit in Redis; the limit is set out of reach,
+    since one key here sends more than a partner's key would and a 429 would end the run."""
     settings = app.extensions["settings"]
     return {
+        "PROMETHEUS_MULTIPROC_DIR": tempfile.mkdtemp(prefix="bench-postbacks-metrics-"),
+        "POSTBACK_RATE_LIMIT_PER_KEY": "999999999/hour",
         "APP_ENV": settings.app_env,
         "DATABASE_URL": settings.database_url,
         "REDIS_URL": settings.redis_url,

@@ -30,6 +30,11 @@ class SecretBox:
     def encrypt(self, plaintext: str) -> str:
         return self._fernet.encrypt(plaintext.encode()).decode()
 
+    def reencrypt(self, ciphertext: str) -> str:
+        """The same plaintext under the first key. :raise InvalidToken: no configured key
+        decrypts it."""
+        return self._fernet.rotate(ciphertext.encode()).decode()
+
     def decrypt(self, ciphertext: str, *, ttl: int | None = None) -> str:
         """:raise InvalidToken: the ciphertext was made with a key no longer configured, or
         (with `ttl`) more than `ttl` seconds ago."""

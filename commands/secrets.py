@@ -1,0 +1,27 @@
+"""`flask --app app secrets reencrypt`: the middle step of rotating `ENCRYPTION_KEY`
+(docs/operations.md). stdout: how many endpoints' secrets were re-encrypted."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+from flask.cli import AppGroup
+
+from services.secret_rotation import reencrypt_signing_secrets
+
+secrets = AppGroup("secrets", help="Signing secrets at rest.")
+
+
+@secrets.command("reencrypt")
+def reencrypt() -> None:
+    """Re-encrypt every webhook signing secret under the first key of ENCRYPTION_KEY."""
+    result = reencrypt_signing_secrets()
+    click.echo(result.endpoints)
+    if result.unreadable:
+        click.echo(
+            f"{len(result.unreadable)} endpoint(s) have a signing secret no key in "
+            f"ENCRYPTION_KEY opens; rotate their secrets: {' '.join(result.unreadable)}",
+            err=True,
+        )
+        sys.exit(1)
