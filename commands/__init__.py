@@ -19,12 +19,14 @@ from services.errors import DomainError, ValidationFailed
 def register_commands(app: Flask) -> None:
     from commands.brands import brands
     from commands.demo import demo
+    from commands.endpoints import endpoints
     from commands.events import events
     from commands.secrets import secrets
     from workers.cli import worker_command
 
     app.cli.add_command(brands)
     app.cli.add_command(demo)
+    app.cli.add_command(endpoints)
     app.cli.add_command(events)
     app.cli.add_command(secrets)
     app.cli.add_command(worker_command)

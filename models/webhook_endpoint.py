@@ -16,6 +16,7 @@ from models.columns import UTCDateTime, id_column_type, new_id, utcnow
 
 URL_MAX_LENGTH = 2048
 DESCRIPTION_MAX_LENGTH = 200
+DISABLED_REASON_MAX_LENGTH = 200
 # A rotation's overlap: the previous secret signs beside the new one for at most a week.
 MAX_OVERLAP_SECONDS = 604800
 
@@ -51,7 +52,9 @@ class WebhookEndpoint(db.Model):
     # disable rule (CONTRACT 6.2) needs the run to be both long and old.
     failing_since: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     disabled_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
-    disabled_reason: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    disabled_reason: Mapped[str | None] = mapped_column(
+        String(DISABLED_REASON_MAX_LENGTH), nullable=True
+    )
     # Deleted endpoints stay as rows so that their deliveries remain in the log.
     deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

@@ -1,0 +1,29 @@
+"""`flask --app app endpoints disable ENDPOINT_ID`: the operator's lever on an endpoint that floods
+the queue or harms a receiver (docs/operations.md). stdout: the endpoint id."""
+
+from __future__ import annotations
+
+import click
+from flask.cli import AppGroup
+
+from commands import command_transaction
+from models.columns import utcnow
+from models.webhook_endpoint import DISABLED_REASON_MAX_LENGTH
+from services.endpoint_health import disable_endpoint
+
+endpoints = AppGroup("endpoints", help="Webhook endpoints, for operators.")
+OPERATOR_PREFIX = "Disabled by the service's operators: "
+
+
+@endpoints.command("disable")
+@click.argument("endpoint_id")
+@click.option("--reason", required=True, help="Shown to the brand with the endpoint.")
+def disable(endpoint_id: str, reason: str) -> None:
+    """Disable an endpoint as the service does: its pending deliveries end `failed` and the
+    brand's other endpoints hear `webhook.endpoint_disabled`. The brand re-enables it."""
+    text = (OPERATOR_PREFIX + " ".join(reason.split()))[:DISABLED_REASON_MAX_LENGTH]
+    with command_transaction():
+        disabled = disable_endpoint(endpoint_id, reason=text, now=utcnow(), by_service=True)
+    if not disabled:
+        raise click.ClickException(f"No open webhook endpoint with id {endpoint_id!r}")
+    click.echo(endpoint_id)
