@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint install screenshots clean
+.PHONY: run test lint install screenshots schemathesis clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
@@ -26,6 +26,10 @@ test: $(STAMP)
 ## make screenshots: rerun the browser tests and save docs/screenshots/*.png (needs Chromium)
 screenshots: $(STAMP)
 	BRAND_SCREENSHOTS=docs/screenshots $(BIN)/python -m pytest tests/test_dashboard_browser.py $(PYTEST_ARGS)
+
+## make schemathesis: every schemathesis check against a real server of the demo brand (ST_ARGS passes options)
+schemathesis: $(STAMP)
+	$(BIN)/python scripts/schemathesis_run.py $(ST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -12,6 +12,7 @@ from sqlalchemy.types import TypeDecorator
 
 _CROCKFORD32 = "0123456789abcdefghjkmnpqrstvwxyz"
 ID_LENGTH = 40
+ID_CHARACTERS = "[0-9a-z]"
 _id_lock = threading.Lock()
 _last_value = 0
 
@@ -40,6 +41,13 @@ def new_id(prefix: str, at: datetime | None = None) -> str:
         chars.append(_CROCKFORD32[value & 31])
         value >>= 5
     return f"{prefix}_{''.join(reversed(chars))}"
+
+
+def id_pattern(prefix: str) -> str:
+    """The regular expression (unanchored) of an id of one type: its prefix, `_`, then what
+    `new_id` writes, within the column's length. The router matches path ids with it, the
+    id filters validate with it and the OpenAPI document states it as their `pattern`."""
+    return f"{prefix}_{ID_CHARACTERS}{{1,{ID_LENGTH - len(prefix) - 1}}}"
 
 
 def id_column_type() -> String:

@@ -11,7 +11,7 @@ from schemas.base import ApiSchema, Label, Timestamp
 class KeyCreateSchema(ApiSchema):
     name = Label(
         required=True,
-        validate=validate.Length(min=1, max=KEY_NAME_MAX_LENGTH),
+        max_length=KEY_NAME_MAX_LENGTH,
         metadata={"description": "A label to tell keys apart.", "example": "orders-service"},
     )
     scopes = fields.List(

@@ -4,15 +4,31 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
+from typing import ClassVar
 
-from marshmallow import Schema, ValidationError, fields, validate
+from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
-from models.columns import ID_LENGTH
+from models.columns import id_pattern
 from models.money import CURRENCIES
 
-_CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
-# Unicode's whole "Cc" category: C0, DEL and C1 (U+0080-U+009F, which include NEL).
-_ANY_CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# Unicode's whole "Cc" category: C0, DEL and C1 (U+0080-U+009F, which include NEL), refused
+# anywhere in a label or a description.
+CONTROL_CHARACTERS = r"\x00-\x1f\x7f-\x9f"
+# What `str.strip()` takes off that is not a control character (tests hold the list to Python's).
+SPACES = r"\x20\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+_ANY_CONTROL_CHARACTER = re.compile(f"[{CONTROL_CHARACTERS}]")
+
+
+def trimmed_text_pattern(max_length: int, *, may_be_blank: bool) -> str:
+    """The `pattern` of exactly the strings a `Label` (or, blank allowed, an `OptionalText`) of
+    `max_length` takes: no control character anywhere, and 1 to `max_length` characters once
+    the surrounding spaces are trimmed. A `maxLength` would count the spaces too."""
+    edge = f"[^{SPACES}{CONTROL_CHARACTERS}]"
+    inside = f"[^{CONTROL_CHARACTERS}]"
+    text = edge if max_length == 1 else f"{edge}(?:{inside}{{0,{max_length - 2}}}{edge})?"
+    if may_be_blank:
+        text = f"(?:{text})?"
+    return f"^[{SPACES}]*{text}[{SPACES}]*$"
 
 
 def camelcase(name: str) -> str:
@@ -21,10 +37,21 @@ def camelcase(name: str) -> str:
 
 
 class ApiSchema(Schema):
-    """Python attributes in snake_case, JSON keys in camelCase; unknown keys are an error."""
+    """Python attributes in snake_case, JSON keys in camelCase; unknown keys are an error.
+
+    `min_fields`: how many of its fields a request must give at least (a PATCH that changes
+    nothing is a mistake); the document states it as `minProperties`."""
+
+    min_fields: ClassVar[int] = 0
 
     def on_bind_field(self, field_name: str, field_obj: fields.Field) -> None:
         field_obj.data_key = camelcase(field_obj.data_key or field_name)
+
+    @validates_schema(pass_original=True)
+    def _gives_enough_fields(self, _data, original, **_) -> None:
+        if self.min_fields and isinstance(original, dict) and len(original) < self.min_fields:
+            names = ", ".join(field.data_key for field in self.load_fields.values())
+            raise ValidationError(f"Give at least {self.min_fields} of {names}.")
 
 
 def iso_timestamp(value: datetime) -> str:
@@ -41,47 +68,89 @@ class Timestamp(fields.DateTime):
 
 class ResourceId(fields.String):
     """An id filter: an id of the named kind (`cmp_…`), or a 400 that says so, so that a deal id
-    passed as `campaignId` is an error instead of a silently empty list."""
+    passed as `campaignId` is an error instead of a silently empty list. The form checked is
+    the one the document states as its `pattern` (`models.columns.id_pattern`)."""
 
     def __init__(self, prefix: str, kind: str, **options) -> None:
         self.prefix = f"{prefix}_"
         self.kind = kind
-        metadata = {"description": f"A {kind} id (`{self.prefix}…`)."} | options.pop("metadata", {})
+        self.regex = re.compile(id_pattern(prefix))
+        metadata = {
+            "description": f"A {kind} id (`{self.prefix}…`).",
+            "pattern": f"^{self.regex.pattern}$",
+        } | options.pop("metadata", {})
         super().__init__(metadata=metadata, **options)
 
     def _deserialize(self, value, attr, data, **kwargs) -> str:
         text = super()._deserialize(value, attr, data, **kwargs)
-        if not text.startswith(self.prefix) or len(text) > ID_LENGTH:
+        if not self.regex.fullmatch(text):
             raise ValidationError(f"Not a {self.kind} id (they start with {self.prefix}).")
         return text
 
 
 class Label(fields.String):
-    """A human label: surrounding whitespace trimmed, control characters refused."""
+    """A human label: control characters refused, surrounding spaces trimmed, then 1 to
+    `max_length` characters. The document states the rule as the field's `pattern`."""
+
+    def __init__(self, *, max_length: int, metadata: dict | None = None, **options) -> None:
+        self.max_length = max_length
+        metadata = dict(metadata or {})
+        rule = (
+            f"1-{max_length} characters once surrounding spaces are trimmed; no control characters."
+        )
+        metadata["description"] = f"{metadata.get('description', '')} {rule}".strip()
+        pattern = trimmed_text_pattern(max_length, may_be_blank=False)
+        super().__init__(metadata={"pattern": pattern, **metadata}, **options)
 
     def _deserialize(self, value, attr, data, **kwargs) -> str:
-        text = super()._deserialize(value, attr, data, **kwargs).strip()
-        if _CONTROL_CHARACTERS.search(text):
-            raise ValidationError("Must not contain control characters.")
+        text = _trimmed(super()._deserialize(value, attr, data, **kwargs))
+        if not 1 <= len(text) <= self.max_length:
+            raise ValidationError(f"Length must be between 1 and {self.max_length}.")
         return text
 
 
 class OptionalText(fields.String):
-    """Free text that may be left out: surrounding whitespace trimmed, control characters (line
-    breaks included) refused, and empty (or `null`) stored as no text at all."""
+    """Free text that may be left out: control characters (line breaks included) refused,
+    surrounding spaces trimmed, at most `max_length` characters, and empty, blank or `null`
+    stored as no text at all. The document states the rule as the field's `pattern`."""
 
     def __init__(self, *, max_length: int, metadata: dict | None = None, **options) -> None:
         self.max_length = max_length
-        metadata = {"maxLength": max_length, **(metadata or {})}
-        super().__init__(allow_none=True, metadata=metadata, **options)
+        pattern = trimmed_text_pattern(max_length, may_be_blank=True)
+        super().__init__(
+            allow_none=True, metadata={"pattern": pattern, **(metadata or {})}, **options
+        )
 
     def _deserialize(self, value, attr, data, **kwargs) -> str | None:
-        text = super()._deserialize(value, attr, data, **kwargs).strip()
-        if _ANY_CONTROL_CHARACTER.search(text):
-            raise ValidationError("Must not contain control characters (line breaks included).")
+        text = _trimmed(super()._deserialize(value, attr, data, **kwargs))
         if len(text) > self.max_length:
             raise ValidationError(f"Longer than maximum length {self.max_length}.")
         return text or None
+
+
+def _trimmed(text: str) -> str:
+    # Checked before trimming: a trailing line break is a control character, not a space.
+    if _ANY_CONTROL_CHARACTER.search(text):
+        raise ValidationError("Must not contain control characters (line breaks included).")
+    return text.strip()
+
+
+class JsonBoolean(fields.Boolean):
+    """A JSON `true` or `false`, nothing else: `0`, `1` or `"yes"` in a body is a mistake to
+    report, as the document's `boolean` says, not a value to guess at."""
+
+    def _deserialize(self, value, attr, data, **kwargs) -> bool:
+        if value is True or value is False:
+            return value
+        raise self.make_error("invalid", input=value)
+
+
+class QueryBoolean(fields.Boolean):
+    """A query parameter that is exactly `true` or `false` (how the document's `boolean` is
+    written in a URL); `1`, `yes` or `True` are refused rather than guessed at."""
+
+    truthy = frozenset({"true"})
+    falsy = frozenset({"false"})
 
 
 def money(description: str, **options) -> fields.Integer:

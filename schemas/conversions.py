@@ -17,7 +17,15 @@ from models.conversion import (
     LINK_CODE_MAX_LENGTH,
 )
 from models.money import CURRENCIES, NGN
-from schemas.base import ApiSchema, Label, ResourceId, Timestamp, currency_field, money
+from schemas.base import (
+    ApiSchema,
+    Label,
+    QueryBoolean,
+    ResourceId,
+    Timestamp,
+    currency_field,
+    money,
+)
 from schemas.campaigns import CAMPAIGN_ID_EXAMPLE
 from schemas.deals import DEAL_ID_EXAMPLE
 from schemas.envelope import SortedPageQuerySchema
@@ -56,7 +64,7 @@ class PostbackHeadersSchema(ApiSchema):
 class PostbackSchema(ApiSchema):
     event_type = Label(
         required=True,
-        validate=validate.Length(min=1, max=EVENT_TYPE_MAX_LENGTH),
+        max_length=EVENT_TYPE_MAX_LENGTH,
         metadata={
             "description": "Your label for the outcome, such as `purchase`, `lead`, `signup`.",
             "example": "purchase",
@@ -64,7 +72,7 @@ class PostbackSchema(ApiSchema):
     )
     click_id = Label(
         allow_none=True,
-        validate=validate.Length(min=1, max=CLICK_ID_MAX_LENGTH),
+        max_length=CLICK_ID_MAX_LENGTH,
         metadata={
             "description": "The click identifier your partner forwarded. Its presence makes "
             "the conversion `attributed`.",
@@ -73,7 +81,7 @@ class PostbackSchema(ApiSchema):
     )
     link_code = Label(
         allow_none=True,
-        validate=validate.Length(min=1, max=LINK_CODE_MAX_LENGTH),
+        max_length=LINK_CODE_MAX_LENGTH,
         metadata={
             "description": "The code of one of your tracked links: the conversion is counted "
             "on that link and takes its campaign and deal. An unknown code is stored, "
@@ -261,6 +269,6 @@ class ConversionQuerySchema(SortedPageQuerySchema):
     )
     campaign_id = ResourceId("cmp", "campaign")
     deal_id = ResourceId("deal", "deal")
-    attributed = fields.Boolean(
+    attributed = QueryBoolean(
         metadata={"description": "`true` or `false`: whether a `linkCode` or `clickId` came."}
     )

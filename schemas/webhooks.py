@@ -11,7 +11,14 @@ from models.webhook_endpoint import (
     MAX_OVERLAP_SECONDS,
     URL_MAX_LENGTH,
 )
-from schemas.base import ApiSchema, OptionalText, ResourceId, Timestamp
+from schemas.base import (
+    ApiSchema,
+    JsonBoolean,
+    OptionalText,
+    QueryBoolean,
+    ResourceId,
+    Timestamp,
+)
 from schemas.envelope import SortedPageQuerySchema
 
 ENDPOINT_ID_EXAMPLE = "whe_01jd3kr7s9t1v3w5x7y9z1a3b5"
@@ -20,8 +27,13 @@ SECRET_EXAMPLE = "whsec_9Tq2…"  # noqa: S105 - a truncated example
 _DEFAULT_EVENTS = ", ".join(f"`{name}`" for name in DEFAULT_SUBSCRIPTION)
 
 
+class EndpointUrl(fields.String):
+    """A receiver URL. Its `pattern` depends on the environment's URL policy, so the OpenAPI
+    document asks `services.endpoint_urls.url_pattern` for it when it is built."""
+
+
 def _url_field(**options) -> fields.String:
-    return fields.String(
+    return EndpointUrl(
         validate=validate.Length(min=1, max=URL_MAX_LENGTH),
         metadata={
             "description": "The receiver. HTTPS, resolving to a public address; outside "
@@ -35,11 +47,19 @@ def _url_field(**options) -> fields.String:
 
 def _events_field(description: str, **options) -> fields.List:
     return fields.List(
-        fields.String(validate=validate.Length(min=1, max=64)),
+        fields.String(
+            validate=validate.Length(min=1, max=64),
+            # An event name, or any other name, which is dropped (SPEC registration rule 2).
+            metadata={"anyOf": [{"enum": list(EVENT_NAMES)}, {}]},
+        ),
         validate=validate.Length(max=len(EVENT_NAMES) * 2),
         metadata={
             "description": description,
             "example": ["deal.completed", "conversion.recorded", "escrow.released"],
+            # At least one name is an event name: if every one is dropped, the request fails
+            # (`services.webhook_endpoints.resolve_subscription`). OpenAPI 3.0 has no
+            # `contains`; "not (every item is not an event name)" says the same.
+            "not": {"items": {"not": {"enum": list(EVENT_NAMES)}}},
         },
         **options,
     )
@@ -92,12 +112,14 @@ class EndpointRegisterSchema(ApiSchema):
 
 
 class EndpointUpdateSchema(ApiSchema):
+    min_fields = 1
+
     url = _url_field()
     events = _events_field("Replaces the subscription; same rules as registration.")
     description = _description_field(
         'Replaces the description; `null` or `""` removes it. Same rules as registration.'
     )
-    is_active = fields.Boolean(
+    is_active = JsonBoolean(
         metadata={
             "description": "`true` re-enables a disabled endpoint and resets "
             "`consecutiveFailures`; `false` disables it and fails its pending deliveries."
@@ -363,7 +385,7 @@ class DeliveryDetailSchema(DeliverySchema):
 
 class DeliveryQuerySchema(SortedPageQuerySchema):
     status = fields.String(validate=validate.OneOf(DELIVERY_STATUSES))
-    retrying = fields.Boolean(
+    retrying = QueryBoolean(
         metadata={
             "description": "`true`: only deliveries still `pending` after a failed attempt "
             "(their endpoint is failing now); `false`: every other delivery."

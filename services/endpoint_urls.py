@@ -51,6 +51,28 @@ class AddressRefused(Exception):
     """This attempt may not be made; the message is logged as the attempt's error."""
 
 
+# What `str.strip()` takes off a URL before it is checked: every whitespace character.
+_STRIPPED = r"\t\n\x0b\x0c\r\x1c-\x1f\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+# A name whose last label starts with a letter is never an address literal, so the document
+# promises no address the public-address rule would refuse.
+_DNS_NAME = rf"(?:{_LABEL}\.){{1,4}}[A-Za-z](?:[A-Za-z0-9-]{{0,61}}[A-Za-z0-9])?"
+_LOCAL_NAME = r"(?:localhost|127\.0\.0\.1)"
+_PORT = r"(?::(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4}))?"
+# 8 ("https://") + 319 (host) + 6 (port) + 1715 = URL_MAX_LENGTH.
+_PATH_AND_QUERY = rf"(?:[/?][^{_STRIPPED}\x00-\x1f#]{{0,{URL_MAX_LENGTH - 8 - 319 - 6 - 1}}})?"
+
+
+def url_pattern(policy: UrlPolicy) -> str:
+    """The `pattern` the document gives receiver URLs under `policy`: URLs of this shape pass
+    `validate_endpoint_url` unless their name resolves to an address that is not public (which
+    no pattern can know). Every URL it takes is within URL_MAX_LENGTH once trimmed."""
+    hosts = f"(?:{_DNS_NAME}|{_LOCAL_NAME})" if policy.allow_local else _DNS_NAME
+    secure = f"https://{hosts}{_PORT}{_PATH_AND_QUERY}"
+    plain = f"|http://{_LOCAL_NAME}{_PORT}{_PATH_AND_QUERY}" if policy.allow_local else ""
+    return f"^[{_STRIPPED}]*(?:{secure}{plain})[{_STRIPPED}]*$"
+
+
 def validate_endpoint_url(url: str, policy: UrlPolicy) -> str:
     """The URL, trimmed, if an endpoint may be registered with it.
 
@@ -182,7 +204,10 @@ def _resolve(hostname: str, port: int) -> list[IpAddress]:
         return [ipaddress.ip_address(hostname)]
     except ValueError:
         pass
-    infos = socket.getaddrinfo(hostname, port, type=socket.SOCK_STREAM)
+    try:
+        infos = socket.getaddrinfo(hostname, port, type=socket.SOCK_STREAM)
+    except UnicodeError:  # a label over 63 characters, or empty: no name at all
+        raise AddressRefused("Must be an absolute URL with a valid host name.") from None
     # The zone of a scoped IPv6 address (fe80::1%eth0) is irrelevant to the check.
     return [ipaddress.ip_address(info[4][0].split("%", 1)[0]) for info in infos]
 

@@ -22,7 +22,7 @@ from services.brands import get_brand
 from services.deliveries import fail_pending_deliveries
 from services.endpoint_health import disable_endpoint, enable_endpoint
 from services.endpoint_urls import UrlPolicy, validate_endpoint_url
-from services.errors import NotFound, ValidationFailed
+from services.errors import Conflict, NotFound, ValidationFailed
 from services.events import publish_event
 from services.secret_box import secret_box
 
@@ -79,8 +79,8 @@ def register_endpoint(
     description: str | None = None,
     now: datetime | None = None,
 ) -> IssuedEndpoint:
-    """:raise ValidationFailed: a URL against CONTRACT 6.3, no supported event, or too many
-    endpoints."""
+    """:raise ValidationFailed: a URL against CONTRACT 6.3, or no supported event.
+    :raise Conflict: the brand has `MAX_ENDPOINTS_PER_BRAND` endpoints already."""
     get_brand(brand_id)
     url = validate_endpoint_url(url, policy)
     subscription = resolve_subscription(events)
@@ -90,9 +90,10 @@ def register_endpoint(
         )
     )
     if active_count >= MAX_ENDPOINTS_PER_BRAND:
-        raise ValidationFailed(
-            f"A brand may have at most {MAX_ENDPOINTS_PER_BRAND} endpoints; delete one first",
-            {"url": [f"Limit of {MAX_ENDPOINTS_PER_BRAND} endpoints reached."]},
+        # A conflict with the brand's state, not a malformed request: the same request succeeds
+        # once an endpoint is deleted (RFC 9110, 409).
+        raise Conflict(
+            f"A brand may have at most {MAX_ENDPOINTS_PER_BRAND} endpoints; delete one first"
         )
     now = now or utcnow()
     secret = credentials.generate_secret(credentials.SIGNING_SECRET_PREFIX)
@@ -175,14 +176,10 @@ def update_endpoint(
     `isActive: true` re-enables a disabled endpoint with a clean failure count; `false` disables
     it, failing its pending deliveries. An empty or null description removes it.
 
-    :raise ValidationFailed: nothing to change, or a field breaks its rule.
+    :raise ValidationFailed: a field breaks its rule (an empty request is the schema's to
+        refuse, `EndpointUpdateSchema`).
     :raise NotFound: no such endpoint.
     """
-    if all(value is _UNSET for value in (url, events, description, is_active)):
-        raise ValidationFailed(
-            "Nothing to update",
-            {"body": ["Give at least one of url, events, description, isActive."]},
-        )
     now = now or utcnow()
     new_url = validate_endpoint_url(url, policy) if url is not _UNSET else None
     subscription = resolve_subscription(events) if events is not _UNSET else None

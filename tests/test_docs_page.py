@@ -168,7 +168,8 @@ def test_curl_bodies_are_json_with_every_required_field(page, spec):
 def test_page_shows_fields_constraints_and_errors(page, spec):
     create = article(page, "createKey")
     assert "orders-service" in create  # the body field's example
-    assert "max length" in create and "100" in create
+    assert "1-100 characters once surrounding spaces are trimmed" in create
+    assert "pattern" in create  # the same rule, exactly, for a client generator
     assert "VALIDATION_ERROR" in create and "PAYLOAD_TOO_LARGE" in create
     assert "secret" in create  # a field of the response's data
     assert "bootstrap token only" in create  # the credential note

@@ -3,11 +3,16 @@ them: a route under /api/v1 that is not in it fails here."""
 
 from __future__ import annotations
 
+import itertools
 import re
+import unicodedata
 
+import pytest
+from marshmallow import ValidationError
 from openapi_spec_validator import validate
 
 from blueprints.api import API_PREFIX
+from schemas.base import SPACES, Label, OptionalText, trimmed_text_pattern
 
 UNDOCUMENTED_BY_DESIGN = {f"{API_PREFIX}/openapi.json"}
 
@@ -32,7 +37,7 @@ def test_every_api_route_and_method_is_documented(app, client):
         if not rule.rule.startswith(API_PREFIX) or rule.rule in UNDOCUMENTED_BY_DESIGN:
             continue
         path = re.sub(
-            r"<(?:[a-z_]+:)?([a-z_]+)>",
+            r"<(?:[a-z_]+(?:\([^)]*\))?:)?([a-z_]+)>",
             lambda m: "{" + re.sub(r"_([a-z])", lambda c: c.group(1).upper(), m.group(1)) + "}",
             rule.rule[len(API_PREFIX) :],
         )
@@ -59,7 +64,9 @@ def test_create_key_is_documented_with_its_schemas_and_credential(client):
     body = spec["components"]["schemas"][body_ref.split("/")[-1]]
     assert body["required"] == ["name"]
     assert body["properties"]["scopes"]["items"]["enum"] == ["read", "write"]
-    assert body["properties"]["name"]["maxLength"] == 100
+    name = re.compile(body["properties"]["name"]["pattern"])
+    assert name.match("x" * 100) and name.match(" orders-service ")
+    assert not name.match("x" * 101) and not name.match("   ") and not name.match("a\tb")
     envelope_ref = operation["responses"]["201"]["content"]["application/json"]["schema"]["$ref"]
     envelope = spec["components"]["schemas"][envelope_ref.split("/")[-1]]
     data_ref = envelope["properties"]["data"]["$ref"].split("/")[-1]
@@ -158,7 +165,7 @@ def test_path_ids_declare_their_prefix_so_no_two_paths_match_one_url(client):
             for parameter in operation["parameters"]:
                 if parameter["in"] == "path":
                     patterns[parameter["name"]] = parameter["schema"]["pattern"]
-    assert patterns["endpointId"] == "^whe_[0-9a-z]+$"
+    assert patterns["endpointId"] == "^whe_[0-9a-z]{1,36}$"
     assert not re.match(patterns["endpointId"], "deliveries")
     assert len(patterns) == 10 and all(p.startswith("^") for p in patterns.values())
     assert "look alike to a\nlinter" in spec["info"]["description"]
@@ -184,3 +191,134 @@ def test_record_examples_are_whole_consistent_records(client):
     assert campaign["completedAt"] is None and campaign["cancelledAt"] is None
     for name in ("Campaign", "Deal", "Placement", "EscrowHold", "TrackedLink", "Conversion"):
         assert set(schemas[name]["example"]) == set(schemas[name]["properties"]), name
+
+
+# --- every rule the server enforces is in the document ----------------------------------------
+
+
+def operations_of(spec: dict) -> dict[str, tuple[str, str, dict]]:
+    return {
+        operation["operationId"]: (method, path, operation)
+        for path, item in spec["paths"].items()
+        for method, operation in item.items()
+    }
+
+
+def test_every_authenticated_route_documents_429_its_scope_and_rate_limit_headers(client):
+    spec = document(client)
+    for operation_id, (_method, _path, operation) in operations_of(spec).items():
+        assert "security" in operation, operation_id
+        assert operation["responses"]["429"] == {"$ref": "#/components/responses/RateLimited"}
+        assert {"401", "403", "500", "503"} <= set(operation["responses"]), operation_id
+        assert operation["x-required-scope"] in {"read", "write", "any", "bootstrap-token"}
+    scopes = {name: op["x-required-scope"] for name, (_m, _p, op) in operations_of(spec).items()}
+    assert scopes["createKey"] == "bootstrap-token"
+    assert scopes["recordPostback"] == "any"
+    assert scopes["sendWebhookTest"] == "read" and scopes["fetchKeys"] == "read"
+    assert scopes["rotateKey"] == "write" and scopes["deleteWebhookEndpoint"] == "write"
+    rate_limited = spec["components"]["responses"]["RateLimited"]
+    assert rate_limited["headers"]["Retry-After"]["required"] is True
+    assert {"RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"} <= set(
+        rate_limited["headers"]
+    )
+    _method, _path, fetch_keys = operations_of(spec)["fetchKeys"]
+    assert "RateLimit-Remaining" in fetch_keys["responses"]["200"]["headers"]
+
+
+def test_id_filters_and_labels_state_the_patterns_their_validators_use(client):
+    spec = document(client)
+    schemas = spec["components"]["schemas"]
+    _method, _path, fetch_deals = operations_of(spec)["fetchDeals"]
+    [campaign_id] = [p for p in fetch_deals["parameters"] if p["name"] == "campaignId"]
+    assert campaign_id["schema"]["pattern"] == "^cmp_[0-9a-z]{1,36}$"
+    postback = schemas["Postback"]["properties"]
+    assert postback["currency"]["enum"] == ["NGN", "USD"]
+    assert postback["valueMinor"]["maximum"] == 10**15
+    event_type = re.compile(postback["eventType"]["pattern"])
+    assert event_type.match("purchase") and not event_type.match("pur\x85chase")
+    register = schemas["EndpointRegister"]["properties"]
+    assert "deal.completed" in register["events"]["not"]["items"]["not"]["enum"]
+    url = re.compile(register["url"]["pattern"])
+    assert url.match("https://hooks.example.com/brand-api") and url.match("http://localhost:8000/h")
+    assert not url.match("http://hooks.example.com/") and not url.match("https://10.0.0.1/")
+    assert not url.match("https://user:pw@hooks.example.com/")
+    description = re.compile(register["description"]["pattern"])
+    assert description.match("") and description.match("x" * 200) and not description.match("a\nb")
+    assert schemas["EndpointUpdate"]["minProperties"] == 1
+    _method, _path, deliveries = operations_of(spec)["fetchWebhookDeliveries"]
+    endpoint_filter = next(p for p in deliveries["parameters"] if p["name"] == "endpointId")
+    assert endpoint_filter["schema"]["pattern"] == r"^[^\x00]*$"  # NUL is refused everywhere
+
+
+def test_a_production_document_admits_https_receivers_only(app_environ):
+    from app import create_app
+
+    production = create_app(
+        {**app_environ, "APP_ENV": "production"}
+    )  # nothing is served: only the document is built
+    spec = production.test_client().get("/api/v1/openapi.json").get_json()
+    url = re.compile(
+        spec["components"]["schemas"]["EndpointRegister"]["properties"]["url"]["pattern"]
+    )
+    assert url.match("https://hooks.example.com/") and not url.match("http://localhost:8000/")
+
+
+def test_rotate_secrets_body_is_optional_and_every_other_body_required(client):
+    spec = document(client)
+    bodies = {
+        name: operation["requestBody"]["required"]
+        for name, (_m, _p, operation) in operations_of(spec).items()
+        if "requestBody" in operation
+    }
+    assert bodies.pop("rotateWebhookSecret") is False
+    assert set(bodies.values()) == {True}
+
+
+def test_options_advertises_only_the_methods_of_the_path_asked_about(client):
+    """`record-postback` is no conversion id: it is not matched by GET /conversion/{id}."""
+    path = "/api/v1/brand/brd_01jd3k7a9b1c3d5e7f9g1h3j5k/conversion/record-postback"
+    response = client.options(path)
+    assert set(response.headers["Allow"].split(", ")) == {"OPTIONS", "POST"}
+    refused = client.get(path)
+    assert refused.status_code == 405 and refused.headers["Allow"] == response.headers["Allow"]
+    delivery = "/api/v1/brand/brd_01jd3k7a9b1c3d5e7f9g1h3j5k/webhook/deliveries/stats"
+    assert client.get(delivery).status_code == 404  # neither a delivery id nor an endpoint id
+
+
+@pytest.mark.parametrize("max_length", [1, 2, 100])
+def test_trimmed_text_patterns_accept_exactly_what_the_fields_accept(max_length):
+    """The patterns are regular expressions written beside the code that enforces the rule;
+    this holds the two to each other over the characters that matter."""
+    pieces = ["a", "é", " ", "\xa0", "\u3000", "\t", "\n", "\x85", "\x00", "\x7f", "\u2028"]
+    samples = {""} | {
+        "".join(combination)
+        for length in range(1, 4)
+        for combination in itertools.product(pieces, repeat=length)
+    }
+    samples |= {"a" * max_length, " " + "a" * max_length + " ", "a" * (max_length + 1)}
+    for field, blank in (
+        (Label(max_length=max_length), False),
+        (OptionalText(max_length=max_length), True),
+    ):
+        pattern = re.compile(trimmed_text_pattern(max_length, may_be_blank=blank))
+        for sample in samples:
+            try:
+                field.deserialize(sample)
+                accepted = True
+            except ValidationError:
+                accepted = False
+            # fullmatch: JSON Schema's `$` is the end of the string, Python's `$` also before a last
+            # line break
+            assert bool(pattern.fullmatch(sample)) == accepted, (field, sample)
+
+
+def test_the_spaces_trimmed_are_every_whitespace_that_is_no_control_character():
+    whitespace = {
+        chr(code)
+        for code in range(0x110000)
+        if chr(code).isspace() and unicodedata.category(chr(code)) != "Cc"
+    }
+    assert {c for c in whitespace if re.fullmatch(f"[{SPACES}]", c)} == whitespace
+    assert not any(
+        re.fullmatch(f"[{SPACES}]", chr(c)) for c in range(0x110000) if chr(c) not in whitespace
+    )

@@ -225,7 +225,8 @@ def test_a_brand_may_have_twenty_endpoints_and_deleting_one_frees_a_place(client
     response = client.post(
         f"{base(brand)}/register-endpoint", json={"url": HOOK_URL}, headers=key_header(write_key)
     )
-    assert_error(response, 400, "VALIDATION_ERROR")
+    # A conflict with the brand's state, not a malformed request (docs/decisions.md).
+    assert_error(response, 409, "CONFLICT")
     assert len(list_endpoints(client, brand, write_key)) == 20
 
     deleted = client.delete(

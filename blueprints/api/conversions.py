@@ -74,7 +74,7 @@ def fetch_postbacks(brand_id: str, query: dict):
     return list_conversions(brand_id=brand_id, **query)
 
 
-@api.get("/brand/<brand_id>/conversion/<conversion_id>")
+@api.get("/brand/<brand_id>/conversion/<id(conv):conversion_id>")
 @authenticate(scope=READ)
 @operation(
     operation_id="fetchConversion",

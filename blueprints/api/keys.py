@@ -72,7 +72,7 @@ def fetch_keys(brand_id: str):
     return list_active_keys(brand_id)
 
 
-@api.delete("/brand/<brand_id>/api-key/<key_id>/revoke-key")
+@api.delete("/brand/<brand_id>/api-key/<id(key):key_id>/revoke-key")
 @authenticate(scope=WRITE)
 @operation(
     operation_id="revokeKey",

@@ -8,32 +8,26 @@ import copy
 import re
 
 from apispec import APISpec
-from apispec.ext.marshmallow import MarshmallowPlugin
+from apispec.ext.marshmallow import MarshmallowPlugin, resolver
 from flask import Flask, current_app, has_request_context, jsonify, request
+from marshmallow import Schema
+from werkzeug.routing import Rule
 
-from blueprints.api import API_PREFIX, api
+from blueprints.api import API_PREFIX, IdConverter, api
+from blueprints.api.operations import NUL_FREE_PATTERN
 from models.api_key import WRITE
+from models.columns import id_pattern
 from models.event_catalog import SAMPLE_RECORDS
 from schemas.base import camelcase
 from schemas.envelope import ErrorEnvelopeSchema, envelope_for
+from schemas.webhooks import EndpointUrl
+from services.endpoint_urls import UrlPolicy, url_pattern
 
 OPENAPI_PATH = "/openapi.json"
-_PATH_PARAMETER = re.compile(r"<(?:[a-z_]+:)?([a-z_]+)>")
-
-# Every id a path carries starts with its type's prefix (CONTRACT 3); the pattern says so, which
-# also settles which path a URL is (see API_DESCRIPTION, "Paths").
-PATH_PARAMETER_PREFIXES = {
-    "brandId": "brd",
-    "keyId": "key",
-    "endpointId": "whe",
-    "deliveryId": "whd",
-    "campaignId": "cmp",
-    "dealId": "deal",
-    "linkId": "lnk",
-    "placementId": "plc",
-    "holdId": "esc",
-    "conversionId": "conv",
-}
+_PATH_PARAMETER = re.compile(r"<(?:[a-z_]+(?:\([^)]*\))?:)?([a-z_]+)>")
+# The brand in a path is read as any text: a key of another brand, or of no brand, is 403
+# whatever the text (docs/decisions.md), so the document states the form of a brand id only.
+BRAND_ID_PREFIX = "brd"
 
 PATH_PARAMETER_DESCRIPTIONS = {
     "brandId": "The brand workspace id (`brd_…`); must be the brand of the credential.",
@@ -49,27 +43,85 @@ PATH_PARAMETER_DESCRIPTIONS = {
     "`conversion.recorded` event.",
 }
 
+RETRY_AFTER = "Retry-After"
+RATE_LIMIT_HEADERS = ("RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset")
+_HEADERS = {
+    "X-Request-Id": (
+        "The `requestId` of the envelope; quote it to support.",
+        {"type": "string"},
+        True,
+    ),
+    RETRY_AFTER: ("Seconds to wait before sending the request again.", {"type": "integer"}, False),
+    "RateLimit-Limit": (
+        "Requests this API key may make in the current window (CONTRACT 9.1). Sent on every "
+        "answer to a request with a valid API key.",
+        {"type": "integer", "minimum": 0},
+        False,
+    ),
+    "RateLimit-Remaining": (
+        "Requests this API key has left in the current window.",
+        {"type": "integer", "minimum": 0},
+        False,
+    ),
+    "RateLimit-Reset": (
+        "Seconds until the window resets and `RateLimit-Remaining` is full again.",
+        {"type": "integer", "minimum": 0},
+        False,
+    ),
+}
+_KEYED = ("X-Request-Id", *RATE_LIMIT_HEADERS)  # an answer to a request with a valid key
 _ERROR_RESPONSES = {
-    "ValidationError": (400, "VALIDATION_ERROR: the body or query is invalid; see `errors`."),
-    "Unauthorized": (401, "UNAUTHORIZED: missing, malformed, unknown or revoked credential."),
-    "Forbidden": (403, "FORBIDDEN: the credential is of another brand, or lacks the scope."),
-    "NotFound": (404, "NOT_FOUND: no such record in this brand."),
+    "ValidationError": (
+        400,
+        "VALIDATION_ERROR: the body or query is invalid; see `errors`.",
+        _KEYED,
+    ),
+    "Unauthorized": (
+        401,
+        "UNAUTHORIZED: missing, malformed, unknown or revoked credential.",
+        ("X-Request-Id",),
+    ),
+    "Forbidden": (
+        403,
+        "FORBIDDEN: the credential is of another brand, or lacks the scope.",
+        _KEYED,
+    ),
+    "NotFound": (404, "NOT_FOUND: no such record in this brand.", _KEYED),
     "MethodNotAllowed": (
         405,
         "METHOD_NOT_ALLOWED: the path exists; the `Allow` header lists its methods.",
+        ("X-Request-Id",),
     ),
     "Conflict": (
         409,
-        "CONFLICT: the same Idempotency-Key is still in flight; retry after `Retry-After`.",
+        "CONFLICT: the request conflicts with the brand's state: the same Idempotency-Key is "
+        "still in flight (retry after `Retry-After`), or a limit is reached.",
+        (*_KEYED, RETRY_AFTER),
     ),
-    "PayloadTooLarge": (413, "PAYLOAD_TOO_LARGE: the body is over 64 KiB."),
+    "PayloadTooLarge": (
+        413,
+        "PAYLOAD_TOO_LARGE: the body is over 64 KiB.",
+        ("X-Request-Id",),
+    ),
     "RateLimited": (
         429,
-        "RATE_LIMITED: too many requests for this key; retry after `Retry-After`.",
+        "RATE_LIMITED: too many requests for this key; retry after `Retry-After` seconds.",
+        (*_KEYED, RETRY_AFTER),
     ),
-    "InternalError": (500, "INTERNAL_ERROR: unexpected; quote the requestId to support."),
-    "ServiceUnavailable": (503, "SERVICE_UNAVAILABLE: database or Redis unreachable; retry."),
+    "InternalError": (
+        500,
+        "INTERNAL_ERROR: unexpected; quote the requestId to support.",
+        ("X-Request-Id",),
+    ),
+    "ServiceUnavailable": (
+        503,
+        "SERVICE_UNAVAILABLE: database or Redis unreachable; nothing was changed, retry after "
+        "`Retry-After` seconds.",
+        ("X-Request-Id", RETRY_AFTER),
+    ),
 }
+# The header a 429 and a 503 always carry.
+_REQUIRED_HEADERS = {"RateLimited": {RETRY_AFTER}, "ServiceUnavailable": {RETRY_AFTER}}
 
 API_DESCRIPTION = """\
 The server-to-server interface for a brand's backend: API keys, signed outbound webhooks,
@@ -109,11 +161,12 @@ def openapi_spec(app: Flask) -> dict:
 
 
 def build_openapi(app: Flask) -> dict:
+    marshmallow = MarshmallowPlugin()
     spec = APISpec(
         title="Brand Server-to-Server API",
         version="1",
         openapi_version="3.0.3",
-        plugins=[MarshmallowPlugin()],
+        plugins=[marshmallow],
         info={"description": API_DESCRIPTION},
         servers=[{"url": API_PREFIX, "description": "This deployment"}],
     )
@@ -132,16 +185,26 @@ def build_openapi(app: Flask) -> dict:
             "only, the bootstrap token) as `Authorization: Bearer …`.",
         },
     )
+    url_policy = UrlPolicy.for_environment(app.extensions["settings"].app_env)
+
+    def receiver_url_pattern(_converter, field, **_) -> dict:
+        return {"pattern": url_pattern(url_policy)} if isinstance(field, EndpointUrl) else {}
+
+    marshmallow.converter.add_attribute_function(receiver_url_pattern)
+    for name, (description, schema, _required) in _HEADERS.items():
+        spec.components.header(name, {"description": description, "schema": schema})
     spec.components.schema("ErrorEnvelope", schema=ErrorEnvelopeSchema)
-    for name, (_status, description) in _ERROR_RESPONSES.items():
+    for name, (_status, description, headers) in _ERROR_RESPONSES.items():
         spec.components.response(
             name,
             {
                 "description": description,
+                "headers": _headers(headers, required=_REQUIRED_HEADERS.get(name, set())),
                 "content": {"application/json": {"schema": "ErrorEnvelope"}},
             },
         )
 
+    bodies: set[type[Schema]] = set()
     for rule in sorted(app.url_map.iter_rules(), key=lambda r: r.rule):
         view = app.view_functions.get(rule.endpoint)
         declared = getattr(view, "operation", None)
@@ -150,12 +213,15 @@ def build_openapi(app: Flask) -> dict:
         path = _PATH_PARAMETER.sub(
             lambda m: "{" + camelcase(m.group(1)) + "}", rule.rule[len(API_PREFIX) :]
         )
+        if declared.body is not None:
+            bodies.add(declared.body)
         operations = {
-            method.lower(): _operation(declared, getattr(view, "auth", None), rule.arguments)
+            method.lower(): _operation(declared, getattr(view, "auth", None), rule)
             for method in sorted(rule.methods - {"HEAD", "OPTIONS"})
         }
         spec.path(path=path, operations=operations)
     document = spec.to_dict()
+    _state_request_rules(document, bodies)
     # Each record's example is a whole, consistent record (an active campaign with its
     # publishedAt and no completedAt), not one assembled field by field.
     schemas = document["components"]["schemas"]
@@ -164,13 +230,14 @@ def build_openapi(app: Flask) -> dict:
     return document
 
 
-def _operation(declared, auth, arguments) -> dict:
+def _operation(declared, auth, rule: Rule) -> dict:
+    arguments = rule.arguments
     parameters = [
         {
             "in": "path",
             "name": camelcase(name),
             "required": True,
-            "schema": _path_parameter_schema(camelcase(name)),
+            "schema": _path_parameter_schema(rule, name),
             "description": PATH_PARAMETER_DESCRIPTIONS.get(camelcase(name), ""),
         }
         for name in sorted(arguments)
@@ -186,13 +253,14 @@ def _operation(declared, auth, arguments) -> dict:
             schema = declared.other_schemas.get(status, declared.response)
             responses[str(status)] = {
                 "description": message,
+                "headers": _headers(_KEYED if _keyed(auth) else ("X-Request-Id",)),
                 "content": {
                     "application/json": {
                         "schema": envelope_for(schema, many=declared.many, paged=declared.paged)
                     }
                 },
             }
-    for name, (status, _description) in _ERROR_RESPONSES.items():
+    for name, (status, _description, _headers_sent) in _ERROR_RESPONSES.items():
         if _may_fail_with(status, declared, auth, arguments):
             responses[str(status)] = name
     document = {
@@ -207,20 +275,92 @@ def _operation(declared, auth, arguments) -> dict:
         document["callbacks"] = declared.callbacks
     if declared.body is not None:
         document["requestBody"] = {
-            "required": True,
+            # rotate-secret's body may be left out; a body with a required field may not.
+            "required": _body_is_required(declared.body),
             "content": {"application/json": {"schema": declared.body}},
         }
     if auth is not None:
         first = "BootstrapToken" if auth.bootstrap_token else "ApiKey"
         document["security"] = [{first: []}, {"Bearer": []}]
+        document["x-required-scope"] = _required_scope(auth)
     return document
 
 
-def _path_parameter_schema(name: str) -> dict:
-    prefix = PATH_PARAMETER_PREFIXES.get(name)
-    if prefix is None:
+def _headers(names, *, required=frozenset()) -> dict:
+    return {
+        name: {"$ref": f"#/components/headers/{name}"}
+        if name not in required and not _HEADERS[name][2]
+        else {"description": _HEADERS[name][0], "schema": _HEADERS[name][1], "required": True}
+        for name in names
+    }
+
+
+def _keyed(auth) -> bool:
+    """Whether the operation's answers are to a request with a valid API key (rate limited)."""
+    return auth is not None and not auth.bootstrap_token
+
+
+def _body_is_required(body: type[Schema]) -> bool:
+    fields_ = body().load_fields.values()
+    return body.min_fields > 0 or any(field.required for field in fields_)
+
+
+def _required_scope(auth) -> str:
+    """`x-required-scope`: what the credential must be, for generators and linters."""
+    if auth.bootstrap_token:
+        return "bootstrap-token"
+    if auth.scope is None:
+        return "any"
+    return "write" if auth.scope == WRITE else "read"
+
+
+def _state_request_rules(document: dict, bodies: set[type[Schema]]) -> None:
+    """Rules the operation decorator applies to every request, stated on every request field
+    they apply to: no NUL character in any query parameter or body string
+    (`blueprints.api.operations`), and `ApiSchema.min_fields` as `minProperties`."""
+    schemas = document["components"]["schemas"]
+    for item in document["paths"].values():
+        for operation in item.values():
+            for parameter in operation.get("parameters", []):
+                if parameter["in"] in ("query", "header"):
+                    _refuse_nul(parameter["schema"], schemas, set())
+            body = operation.get("requestBody", {}).get("content", {}).get("application/json")
+            if body is not None:
+                _refuse_nul(body["schema"], schemas, set())
+    for body in bodies:
+        if body.min_fields:
+            schemas[resolver(body)]["minProperties"] = body.min_fields
+
+
+def _refuse_nul(schema: dict, components: dict, seen: set[str]) -> None:
+    ref = schema.get("$ref", "")
+    if ref.startswith("#/components/schemas/"):
+        name = ref.rsplit("/", 1)[1]
+        if name not in seen:
+            seen.add(name)
+            _refuse_nul(components[name], components, seen)
+        return
+    if schema.get("type") == "string" and not {"pattern", "enum", "format"} & set(schema):
+        schema["pattern"] = NUL_FREE_PATTERN
+    for nested in (*schema.get("properties", {}).values(), schema.get("items")):
+        if isinstance(nested, dict):
+            _refuse_nul(nested, components, seen)
+    for alternatives in (schema.get("anyOf", []), schema.get("oneOf", [])):
+        for nested in alternatives:
+            _refuse_nul(nested, components, seen)
+
+
+def _path_parameter_schema(rule: Rule, name: str) -> dict:
+    """An id's `pattern` is the very expression the router matches it with (`IdConverter`)."""
+    converter = rule._converters[name]  # werkzeug keeps each argument's converter here
+    if isinstance(converter, IdConverter):
+        prefix = converter.prefix
+    elif name == "brand_id":
+        prefix = BRAND_ID_PREFIX
+    else:
         return {"type": "string"}
-    return {"type": "string", "pattern": f"^{prefix}_[0-9a-z]+$", "example": _example_id(prefix)}
+    pattern = converter.regex if isinstance(converter, IdConverter) else id_pattern(prefix)
+    return {"type": "string", "pattern": f"^{pattern}$", "example": _example_id(prefix)}
 
 
 def _example_id(prefix: str) -> str:
@@ -228,7 +368,9 @@ def _example_id(prefix: str) -> str:
 
 
 def _may_fail_with(status: int, declared, auth, arguments) -> bool:
-    if status in (405, 409, 429):
+    if status == 429:
+        return auth is not None  # every authenticated route is rate limited (CONTRACT 9.1)
+    if status in (405, 409):
         return status in declared.errors  # described once in components for every client
     if status == 400:
         return any(

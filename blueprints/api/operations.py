@@ -21,6 +21,10 @@ from services.errors import NotFound, ValidationFailed
 
 # Where errors about the body as a whole (not one field) are reported in `errors`.
 BODY = "body"
+# No record holds a NUL and PostgreSQL refuses it in text: a NUL anywhere in a query parameter
+# or a body is a 400. The OpenAPI document states it as this `pattern` of every such string.
+NUL = "\x00"
+NUL_FREE_PATTERN = r"^[^\x00]*$"
 _page_meta = PageMetaSchema()
 
 
@@ -86,11 +90,11 @@ def operation(**declaration):
 def _refuse_nul_characters(path_values: dict) -> None:
     """No record has a NUL in its id, and PostgreSQL refuses NUL in text: say so before a query
     turns it into a server error."""
-    if any("\x00" in value for value in path_values.values() if isinstance(value, str)):
+    if any(NUL in value for value in path_values.values() if isinstance(value, str)):
         raise NotFound("No such record in this brand")
     if not request.query_string:  # most requests: no need to parse what is not there
         return
-    bad = sorted({name for name, value in request.args.items(multi=True) if "\x00" in value})
+    bad = sorted({name for name, value in request.args.items(multi=True) if NUL in value})
     if bad:
         raise ValidationFailed(
             "Query parameters must not contain NUL characters",
@@ -100,7 +104,7 @@ def _refuse_nul_characters(path_values: dict) -> None:
 
 def _contains_nul(value) -> bool:
     if isinstance(value, str):
-        return "\x00" in value
+        return NUL in value
     if isinstance(value, dict):
         return any(_contains_nul(key) or _contains_nul(item) for key, item in value.items())
     if isinstance(value, list):

@@ -39,7 +39,7 @@ def fetch_campaigns(brand_id: str, query: dict):
     return list_campaigns(brand_id=brand_id, **query)
 
 
-@api.get("/brand/<brand_id>/campaigns/<campaign_id>")
+@api.get("/brand/<brand_id>/campaigns/<id(cmp):campaign_id>")
 @authenticate(scope=READ)
 @operation(
     operation_id="fetchCampaign",
@@ -68,7 +68,7 @@ def fetch_deals(brand_id: str, query: dict):
     return list_deals(brand_id=brand_id, **query)
 
 
-@api.get("/brand/<brand_id>/deals/<deal_id>")
+@api.get("/brand/<brand_id>/deals/<id(deal):deal_id>")
 @authenticate(scope=READ)
 @operation(
     operation_id="fetchDeal",
@@ -96,7 +96,7 @@ def fetch_links(brand_id: str, query: dict):
     return list_links(brand_id=brand_id, **query)
 
 
-@api.get("/brand/<brand_id>/tracked-link/<link_id>")
+@api.get("/brand/<brand_id>/tracked-link/<id(lnk):link_id>")
 @authenticate(scope=READ)
 @operation(
     operation_id="fetchLink",
@@ -124,7 +124,7 @@ def fetch_placements(brand_id: str, query: dict):
     return list_placements(brand_id=brand_id, **query)
 
 
-@api.get("/brand/<brand_id>/placement/<placement_id>")
+@api.get("/brand/<brand_id>/placement/<id(plc):placement_id>")
 @authenticate(scope=READ)
 @operation(
     operation_id="fetchPlacement",
@@ -152,7 +152,7 @@ def fetch_escrow_holds(brand_id: str, query: dict):
     return list_holds(brand_id=brand_id, **query)
 
 
-@api.get("/brand/<brand_id>/escrow/<hold_id>")
+@api.get("/brand/<brand_id>/escrow/<id(esc):hold_id>")
 @authenticate(scope=READ)
 @operation(
     operation_id="fetchEscrowHold",

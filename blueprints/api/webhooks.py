@@ -62,6 +62,7 @@ SIGNATURE_HELP = (
     response=IssuedEndpointSchema,
     status=201,
     message="Webhook endpoint registered; store the signing secret now, it is not shown again",
+    errors=(409,),  # the brand has MAX_ENDPOINTS_PER_BRAND endpoints already
     callbacks=delivery_callback(),
 )
 def register_webhook_endpoint(brand_id: str, body: dict):
@@ -82,7 +83,7 @@ def fetch_webhook_endpoints(brand_id: str):
     return {"endpoints": with_health(list_endpoints(brand_id), now=utcnow())}
 
 
-@api.get("/brand/<brand_id>/webhook/<endpoint_id>/stats")
+@api.get("/brand/<brand_id>/webhook/<id(whe):endpoint_id>/stats")
 @authenticate(scope=READ)
 @operation(
     operation_id="getWebhookEndpointStats",
@@ -98,7 +99,7 @@ def get_webhook_endpoint_stats(brand_id: str, endpoint_id: str):
     return endpoint_stats(brand_id=brand_id, endpoint_id=endpoint_id, now=utcnow())
 
 
-@api.patch("/brand/<brand_id>/webhook/<endpoint_id>/update-endpoint")
+@api.patch("/brand/<brand_id>/webhook/<id(whe):endpoint_id>/update-endpoint")
 @authenticate(scope=WRITE)
 @operation(
     operation_id="updateWebhookEndpoint",
@@ -118,7 +119,7 @@ def update_webhook_endpoint(brand_id: str, endpoint_id: str, body: dict):
     )
 
 
-@api.post("/brand/<brand_id>/webhook/<endpoint_id>/rotate-secret")
+@api.post("/brand/<brand_id>/webhook/<id(whe):endpoint_id>/rotate-secret")
 @authenticate(scope=WRITE)
 @operation(
     operation_id="rotateWebhookSecret",
@@ -137,7 +138,7 @@ def rotate_webhook_secret(brand_id: str, endpoint_id: str, body: dict):
     return rotate_signing_secret(brand_id=brand_id, endpoint_id=endpoint_id, **body)
 
 
-@api.post("/brand/<brand_id>/webhook/<endpoint_id>/recover")
+@api.post("/brand/<brand_id>/webhook/<id(whe):endpoint_id>/recover")
 @authenticate(scope=WRITE)
 @operation(
     operation_id="recoverWebhookDeliveries",
@@ -158,7 +159,7 @@ def recover_webhook_deliveries(brand_id: str, endpoint_id: str, body: dict):
     return recover_failed_deliveries(brand_id=brand_id, endpoint_id=endpoint_id, **body)
 
 
-@api.delete("/brand/<brand_id>/webhook/<endpoint_id>/delete-endpoint")
+@api.delete("/brand/<brand_id>/webhook/<id(whe):endpoint_id>/delete-endpoint")
 @authenticate(scope=WRITE)
 @operation(
     operation_id="deleteWebhookEndpoint",
@@ -172,7 +173,7 @@ def delete_webhook_endpoint(brand_id: str, endpoint_id: str):
     return delete_endpoint(brand_id=brand_id, endpoint_id=endpoint_id)
 
 
-@api.post("/brand/<brand_id>/webhook/<endpoint_id>/send-test")
+@api.post("/brand/<brand_id>/webhook/<id(whe):endpoint_id>/send-test")
 @authenticate(scope=READ)
 @operation(
     operation_id="sendWebhookTest",
@@ -204,7 +205,7 @@ def fetch_webhook_deliveries(brand_id: str, query: dict):
     return list_deliveries(brand_id=brand_id, **query)
 
 
-@api.get("/brand/<brand_id>/webhook/deliveries/<delivery_id>")
+@api.get("/brand/<brand_id>/webhook/deliveries/<id(whd):delivery_id>")
 @authenticate(scope=READ)
 @operation(
     operation_id="fetchWebhookDelivery",
@@ -218,7 +219,7 @@ def fetch_webhook_delivery(brand_id: str, delivery_id: str):
     return get_delivery_detail(brand_id, delivery_id)
 
 
-@api.post("/brand/<brand_id>/webhook/deliveries/<delivery_id>/redeliver")
+@api.post("/brand/<brand_id>/webhook/deliveries/<id(whd):delivery_id>/redeliver")
 @authenticate(scope=WRITE)
 @operation(
     operation_id="redeliverWebhook",
