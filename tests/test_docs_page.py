@@ -394,7 +394,11 @@ def test_reference_resolves_refs_and_builds_examples(spec):
     )
     assert {f["name"] for f in create["body"]["fields"]} == {"name", "scopes"}
     assert create["body"]["example"] == {"name": "orders-service", "scopes": ["read", "write"]}
-    assert create["notes"] == [{"label": "Credential", "text": "bootstrap token only."}]
+    assert create["notes"][0] == {"label": "Credential", "text": "bootstrap token only."}
+    assert create["notes"][1]["label"] == "Rate limit"
+    assert "RATE_LIMIT_PER_KEY" in create["notes"][1]["text"]
+    postback_notes = by_id["recordPostback"]["notes"]
+    assert "POSTBACK_RATE_LIMIT_PER_KEY" in postback_notes[1]["text"]
     fetch = by_id["fetchKeys"]
     assert fetch["success"]["data_many"] is True
     assert "keyPrefix" in {f["name"] for f in fetch["success"]["fields"]}

@@ -22,6 +22,7 @@ from schemas.base import camelcase
 from schemas.envelope import ErrorEnvelopeSchema, envelope_for
 from schemas.webhooks import EndpointUrl
 from services.endpoint_urls import UrlPolicy, url_pattern
+from services.rate_limits import API, POSTBACK
 
 OPENAPI_PATH = "/openapi.json"
 _PATH_PARAMETER = re.compile(r"<(?:[a-z_]+(?:\([^)]*\))?:)?([a-z_]+)>")
@@ -283,6 +284,7 @@ def _operation(declared, auth, rule: Rule) -> dict:
         first = "BootstrapToken" if auth.bootstrap_token else "ApiKey"
         document["security"] = [{first: []}, {"Bearer": []}]
         document["x-required-scope"] = _required_scope(auth)
+        document["x-rate-limit"] = auth.rate_limit
     return document
 
 
@@ -296,8 +298,9 @@ def _headers(names, *, required=frozenset()) -> dict:
 
 
 def _keyed(auth) -> bool:
-    """Whether the operation's answers are to a request with a valid API key (rate limited)."""
-    return auth is not None and not auth.bootstrap_token
+    """Whether the operation's answers are to a request with a credential (rate limited: an API
+    key, or create-key's bootstrap token)."""
+    return auth is not None
 
 
 def _body_is_required(body: type[Schema]) -> bool:
@@ -389,8 +392,19 @@ def _scope_note(auth) -> str:
     if auth is None:
         return ""
     if auth.bootstrap_token:
-        return "\n\n**Credential:** bootstrap token only."
-    if auth.scope is None:
-        return "\n\n**Credential:** any API key of the brand, `read` or `write`."
-    scope = "write" if auth.scope == WRITE else "read"
-    return f"\n\n**Credential:** API key with the `{scope}` scope."
+        credential = "bootstrap token only."
+    elif auth.scope is None:
+        credential = "any API key of the brand, `read` or `write`."
+    else:
+        credential = f"API key with the `{'write' if auth.scope == WRITE else 'read'}` scope."
+    return (
+        f"\n\n**Credential:** {credential}\n\n**Rate limit:** {_RATE_LIMIT_NOTES[auth.rate_limit]}"
+    )
+
+
+_RATE_LIMIT_NOTES = {
+    API: "`RATE_LIMIT_PER_KEY` per credential (default 6000/minute), shared by every route but "
+    "record-postback; over it, 429 `RATE_LIMITED` with `Retry-After`.",
+    POSTBACK: "`POSTBACK_RATE_LIMIT_PER_KEY` per API key (default 60000/minute), for this route "
+    "alone; over it, 429 `RATE_LIMITED` with `Retry-After`.",
+}
