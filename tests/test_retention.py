@@ -22,6 +22,7 @@ from models.webhook_delivery import DELIVERED, FAILED
 from services.deliveries import redeliver
 from services.events import publish_event
 from services.retention import PURGE_LOCK_KEY, delete_expired_deliveries
+from tests.dashboard import sign_in
 from tests.helpers import assert_success
 from tests.worker_process import WorkerProcess
 from workers.connection import redis_connection
@@ -266,6 +267,23 @@ def test_the_delivery_log_keeps_answering_during_a_large_purge(app, client, bran
     assert result["purged"].deliveries == 20_000
     assert reads_during >= 3
     assert remaining(app, WebhookDelivery, young) == young
+
+
+def test_the_dashboard_log_says_how_far_back_it_goes(app, client, brand, write_key):
+    register(client, brand, write_key)
+    sign_in(client, write_key)
+    page = client.get("/dashboard/deliveries")
+    assert page.status_code == 200
+    assert "kept for 30 days" in page.text
+    assert "the oldest here" not in page.text  # no delivery yet
+    _, oldest = publish(app, brand, age=timedelta(days=3), status=DELIVERED)
+    with app.app_context():
+        created = db.session.get(WebhookDelivery, oldest).created_at
+    page = client.get("/dashboard/deliveries")
+    assert "kept for 30 days" in page.text
+    assert f'the oldest here was created <time datetime="{created:%Y-%m-%dT%H:%M:%S}' in page.text
+    events_page = client.get("/dashboard/events")
+    assert "kept for 30 days" in events_page.text
 
 
 def test_the_command_purges_and_prints_counts(app, client, runner, brand, write_key):
