@@ -17,6 +17,7 @@ worker and the command line.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -30,6 +31,10 @@ from models import WebhookDelivery
 
 # Rows one transaction deletes at most (deliveries or events; a delivery's attempts go with it).
 BATCH_SIZE = 1000
+# After each batch the purge rests this many times as long as the batch took, leaving the
+# database's CPU, disk and WAL to the requests: flat out, a purge doubled the postbacks' p99
+# (docs/benchmarks.md, "Retention").
+REST_RATIO = 1.0
 # pg_try_advisory_lock key of the purge: "retentn" in ASCII, far from the per-endpoint keys.
 PURGE_LOCK_KEY = 0x726574656E746E
 # A batch waits at most this long for a lock it needs (it never should: see the module's doc).
@@ -63,11 +68,13 @@ def delete_expired_deliveries(
     now: datetime,
     retention: timedelta,
     batch_size: int = BATCH_SIZE,
+    rest_ratio: float = REST_RATIO,
     keep_going: Callable[[], bool] = lambda: True,
 ) -> Purged:
     """Delete what is older than `now - retention` (see the module's doc), `batch_size` rows per
-    transaction on `connection`, which must not be in a transaction. `keep_going` is asked
-    before each batch: a worker shutting down stops between two."""
+    transaction on `connection`, which must not be in a transaction, resting `rest_ratio` times
+    a batch's duration after it. `keep_going` is asked before each batch: a worker shutting
+    down stops between two."""
     cutoff = now - retention
     purged = Purged()
     if not connection.execute(_TRY_LOCK, {"key": PURGE_LOCK_KEY}).scalar_one():
@@ -80,7 +87,14 @@ def delete_expired_deliveries(
         for brand_id in brand_ids:
             for statement in (_DELETE_DELIVERIES, _DELETE_EVENTS):
                 if not _delete_in_batches(
-                    connection, statement, brand_id, cutoff, batch_size, purged, keep_going
+                    connection,
+                    statement,
+                    brand_id,
+                    cutoff,
+                    batch_size=batch_size,
+                    rest_ratio=rest_ratio,
+                    purged=purged,
+                    keep_going=keep_going,
                 ):
                     return purged
         return purged
@@ -95,7 +109,9 @@ def _delete_in_batches(
     statement,
     brand_id: str,
     cutoff: datetime,
+    *,
     batch_size: int,
+    rest_ratio: float,
     purged: Purged,
     keep_going: Callable[[], bool],
 ) -> bool:
@@ -106,6 +122,7 @@ def _delete_in_batches(
     while True:
         if not keep_going():
             return False
+        started = time.monotonic()
         try:
             with connection.begin():
                 connection.execute(_SET_LOCK_TIMEOUT)
@@ -132,6 +149,7 @@ def _delete_in_batches(
         if row.last_id is None:
             return True
         after_created_at, after_id = row.last_created_at, row.last_id
+        time.sleep((time.monotonic() - started) * rest_ratio)
 
 
 @dataclass(frozen=True)
