@@ -8,6 +8,7 @@ queued, whether a worker is there to send them, and when `data` is the catalogue
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from datetime import UTC, timedelta
 
 import click
@@ -17,11 +18,18 @@ from flask.cli import AppGroup
 from rq import Worker
 
 from commands import command_transaction
+from extensions import db
 from models.columns import utcnow
 from models.event_catalog import EVENT_NAMES, is_event_name, sample_data
 from services.brands import get_brand
 from services.deliveries import recover_failed_deliveries
 from services.events import publish_event
+from services.retention import (
+    BATCH_SIZE,
+    REST_RATIO,
+    delete_expired_deliveries,
+    retention_period,
+)
 from workers.connection import redis_connection
 
 events = AppGroup("events", help="Webhook events.")
@@ -102,6 +110,37 @@ def recover_command(brand_id: str, endpoint_id: str, since, until) -> None:
         waiting = _why_nothing_sends()
         if waiting:
             click.echo(waiting, err=True)
+
+
+@events.command("purge-expired")
+@click.option(
+    "--batch-size",
+    default=BATCH_SIZE,
+    show_default=True,
+    type=click.IntRange(1, 10_000),
+    help="Rows deleted per transaction.",
+)
+@click.option(
+    "--rest-ratio",
+    default=REST_RATIO,
+    show_default=True,
+    type=click.FloatRange(0, 100),
+    help="After each batch, rest this many times as long as it took (0: flat out).",
+)
+def purge_expired_command(batch_size: int, rest_ratio: float) -> None:
+    """Delete now what is older than WEBHOOK_RETENTION_DAYS: settled deliveries with their
+    attempts, then events no delivery refers to, a batch per transaction (workers do it every
+    few minutes by themselves). Prints the counts as JSON; `skipped` is true when another
+    purge was running."""
+    with db.engine.connect() as connection:
+        purged = delete_expired_deliveries(
+            connection,
+            now=utcnow(),
+            retention=retention_period(),
+            batch_size=batch_size,
+            rest_ratio=rest_ratio,
+        )
+    click.echo(json.dumps(asdict(purged)))
 
 
 def _why_nothing_sends() -> str | None:

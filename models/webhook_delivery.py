@@ -36,6 +36,9 @@ class WebhookDelivery(db.Model):
             "created_at",
             "id",
         ),
+        # An event's deliveries: retention deletes an event only once none refers to it, and
+        # the foreign key's own check on that delete reads this index too.
+        Index("ix_webhook_deliveries_event", "event_id"),
         # Work to do: an endpoint's due deliveries (claims, disabling) and all due ones (sweeps).
         # Partial, so they stay small however many delivered rows the log keeps.
         Index(
@@ -69,9 +72,9 @@ class WebhookDelivery(db.Model):
     endpoint_id: Mapped[str] = mapped_column(
         id_column_type(), ForeignKey("webhook_endpoints.id", ondelete="CASCADE")
     )
-    event_id: Mapped[str] = mapped_column(
-        id_column_type(), ForeignKey("webhook_events.id", ondelete="CASCADE")
-    )
+    # No cascade: deleting an event a delivery still refers to fails rather than taking the
+    # delivery with it (services/retention.py).
+    event_id: Mapped[str] = mapped_column(id_column_type(), ForeignKey("webhook_events.id"))
     event_name: Mapped[str] = mapped_column(String(64))
     status: Mapped[str] = mapped_column(String(10), default=PENDING)
     http_status: Mapped[int | None] = mapped_column(Integer, nullable=True)

@@ -1,5 +1,6 @@
-"""`flask --app app worker [--burst]`: an RQ worker with its scheduler (CONTRACT section 2), and
-the process's delivery engine that its jobs hand endpoints to (workers/engine.py)."""
+"""`flask --app app worker [--burst]`: an RQ worker with its scheduler (CONTRACT section 2), the
+process's delivery engine that its jobs hand endpoints to (workers/engine.py), and the retention
+purge its sweeper starts (workers/retention.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from rq import SimpleWorker
 from extensions import db
 from workers.connection import QUEUES, redis_connection
 from workers.engine import engine_for, stop_engine
+from workers.retention import stop_purge
 from workers.sweeper import sweep
 
 log = logging.getLogger("brand_api.webhooks")
@@ -79,5 +81,7 @@ def worker_command(burst: bool) -> None:
                 time.sleep(0.05)
     finally:
         # A warm shutdown (SIGTERM) ends here too: every attempt in flight ends within the
-        # timeout, and what was claimed but not started goes back.
+        # timeout, and what was claimed but not started goes back. A purge stops between two
+        # of its batches.
         stop_engine(grace=settings.webhook_timeout + 1)
+        stop_purge(timeout=settings.webhook_timeout + 1)

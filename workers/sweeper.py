@@ -1,5 +1,6 @@
-"""The sweeper: finds due deliveries that no job will pick up and queues drains for them, and
-destroys the previous signing secrets whose rotation overlap has ended.
+"""The sweeper: finds due deliveries that no job will pick up and queues drains for them,
+destroys the previous signing secrets whose rotation overlap has ended, and starts the
+retention purge when it is due (workers/retention.py).
 
 A job can be lost without losing a delivery: Redis was down when the event was committed, a
 worker was killed mid-attempt (its lease then expires), Redis lost its data, a job expired. The
@@ -19,6 +20,7 @@ from services.delivery_attempts import endpoints_with_overdue_deliveries
 from services.webhook_endpoints import forget_expired_previous_secrets
 from workers import dispatch
 from workers.connection import redis_connection
+from workers.retention import purge_if_due
 
 log = logging.getLogger("brand_api.webhooks")
 SWEEP_LOCK = "brand-api:sweep-lock"
@@ -43,4 +45,5 @@ def sweep(app: Flask) -> int:
     forgotten = forget_expired_previous_secrets(now=now)
     if forgotten:
         log.info("destroyed %d previous signing secret(s) whose overlap ended", forgotten)
+    purge_if_due(app)
     return queued

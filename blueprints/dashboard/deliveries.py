@@ -23,6 +23,7 @@ from blueprints.dashboard.session import current_caller, is_htmx, signed_in
 from extensions import db
 from models.event_catalog import EVENT_NAMES
 from models.webhook_delivery import DELIVERY_STATUSES, RESPONSE_BODY_MAX_BYTES
+from schemas.base import iso_timestamp
 from schemas.envelope import PageMetaSchema
 from schemas.webhooks import (
     DeliveryDetailSchema,
@@ -36,6 +37,7 @@ from services.deliveries import (
     list_deliveries,
     redeliver,
 )
+from services.retention import delivery_log_reach
 from services.signing import DELIVERY_HEADER, EVENT_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER
 from services.webhook_endpoints import list_endpoints
 
@@ -97,6 +99,7 @@ def deliveries():
         page = list_deliveries(brand_id=brand_id, **query)
         return {"deliveries": _deliveries.dump(page.items), "meta": _meta.dump(page)}
 
+    reach = delivery_log_reach(brand_id)
     return render_list(
         "dashboard/deliveries.html",
         fragment="dashboard/_delivery_results.html",
@@ -108,6 +111,8 @@ def deliveries():
         event_names=EVENT_NAMES,
         endpoints=_endpoints_by_id(brand_id),
         filter_labels=FILTER_LABELS,
+        retention_days=reach.retention_days,
+        oldest_delivery_at=reach.oldest_at and iso_timestamp(reach.oldest_at),
         deliveries=[],
         meta=None,
         **_poll_context(0),

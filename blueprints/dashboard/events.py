@@ -16,6 +16,7 @@ from blueprints.dashboard.session import current_caller, signed_in
 from models.event_catalog import DEFAULT_SUBSCRIPTION, EVENT_TYPES, TEST_EVENT, sample_data
 from schemas.webhooks import EndpointSchema
 from services.events import API_VERSION
+from services.retention import retention_period
 from services.webhook_endpoints import list_endpoints
 
 SAMPLE_EVENT_ID = "evt_01jd3kw3x5y7z9a1b3c5d7e9f1"
@@ -58,4 +59,5 @@ def events():
         groups=list(groups.items()),
         endpoints=endpoints,
         default_subscription=DEFAULT_SUBSCRIPTION,
+        retention_days=retention_period().days,
     )
