@@ -60,6 +60,11 @@ RATE_LIMITS_UNCHECKED = Counter(
     "brand_api_rate_limit_unchecked_requests_total",
     "Requests allowed without a rate-limit check because Redis could not be asked.",
 )
+RETENTION_DELETED = Counter(
+    "brand_api_retention_deleted_rows_total",
+    "Rows the retention purge deleted, by table (deliveries, attempts, events).",
+    ["table"],
+)
 BACKING_SERVICE_ERRORS = Counter(
     "brand_api_backing_service_errors_total",
     "Failures to reach the database or Redis, by service and by who noticed (request, "

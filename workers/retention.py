@@ -13,6 +13,7 @@ from flask import Flask
 
 from extensions import db
 from models.columns import utcnow
+from observability.metrics import RETENTION_DELETED, count_backing_service_error
 from services.retention import delete_expired_deliveries, retention_period
 from workers.connection import redis_connection
 
@@ -59,8 +60,11 @@ def _purge(app: Flask) -> None:
                     retention=retention_period(),
                     keep_going=lambda: not _stopping.is_set(),
                 )
+            for table in ("deliveries", "attempts", "events"):
+                RETENTION_DELETED.labels(table=table).inc(getattr(purged, table))
             if purged.deliveries or purged.events:
-                log.info("retention purge deleted %s", asdict(purged))
+                log.info("retention purge deleted %s", asdict(purged), extra=asdict(purged))
         except Exception:
             # A database outage ends this purge; the next interval starts another.
+            count_backing_service_error("database", "retention")
             log.exception("retention purge failed")
