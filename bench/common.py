@@ -5,6 +5,7 @@ whatever happens), free ports, gunicorn, percentiles and progress lines on stder
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
 import signal
@@ -60,6 +61,22 @@ def migrated_app_on_postgresql(prefix: str) -> Iterator[tuple[object, str]]:
         yield app, backends.database_url.replace("postgresql+psycopg://", "postgresql://")
     finally:
         backends.close()
+
+
+def run_benchmark(prefix: str, run: Callable[[Path, Processes], dict], logs: str | None = None):
+    """Run `run(workdir, processes)` in a work directory (`logs`, kept, or a temporary one),
+    stop every child process it started whatever happens, and print its result as the one JSON
+    line on stdout."""
+    exit_on_sigterm()
+    with tempfile.TemporaryDirectory(prefix=prefix) as directory:
+        workdir = Path(logs or directory)
+        workdir.mkdir(parents=True, exist_ok=True)
+        processes = Processes(workdir)
+        try:
+            result = run(workdir, processes)
+        finally:
+            processes.stop_all()
+    print(json.dumps(result), flush=True)
 
 
 def log(message: str) -> None:

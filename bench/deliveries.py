@@ -30,7 +30,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -41,9 +40,9 @@ sys.path.insert(0, str(ROOT))
 from bench.common import (  # noqa: E402
     HttpRequests,
     Processes,
-    exit_on_sigterm,
     log,
     percentile,
+    run_benchmark,
     start_gunicorn,
 )
 
@@ -435,14 +434,7 @@ def main() -> None:
         asyncio.run(_serve_receiver())
         return
 
-    exit_on_sigterm()
-    with tempfile.TemporaryDirectory(prefix="bench-deliveries-") as directory:
-        processes = Processes(Path(directory))
-        try:
-            result = run(args, Path(directory), processes)
-        finally:
-            processes.stop_all()
-    print(json.dumps(result), flush=True)
+    run_benchmark("bench-deliveries-", lambda workdir, processes: run(args, workdir, processes))
 
 
 if __name__ == "__main__":

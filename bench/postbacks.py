@@ -69,11 +69,11 @@ os.environ.setdefault("BRAND_TEST_BACKENDS", "services")
 
 from bench.common import (  # noqa: E402
     Processes,
-    exit_on_sigterm,
     free_port,
     log,
     migrated_app_on_postgresql,
     percentile,
+    run_benchmark,
     start_gunicorn,
 )
 
@@ -996,16 +996,9 @@ def main() -> None:
         print(json.dumps(asyncio.run(_open_loop(args))), flush=True)
         return
 
-    exit_on_sigterm()
-    with tempfile.TemporaryDirectory(prefix="bench-postbacks-") as directory:
-        workdir = Path(args.logs or directory)
-        workdir.mkdir(parents=True, exist_ok=True)
-        processes = Processes(workdir)
-        try:
-            result = run(args, workdir, processes)
-        finally:
-            processes.stop_all()
-    print(json.dumps(result), flush=True)
+    run_benchmark(
+        "bench-postbacks-", lambda workdir, processes: run(args, workdir, processes), args.logs
+    )
 
 
 if __name__ == "__main__":

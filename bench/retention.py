@@ -34,7 +34,6 @@ import os
 import secrets
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -45,10 +44,10 @@ os.environ.setdefault("BRAND_TEST_BACKENDS", "services")
 
 from bench.common import (  # noqa: E402
     Processes,
-    exit_on_sigterm,
     log,
     migrated_app_on_postgresql,
     percentile,
+    run_benchmark,
     start_gunicorn,
 )
 from bench.postbacks import (  # noqa: E402
@@ -442,16 +441,9 @@ def main() -> None:
     parser.add_argument("--logs", metavar="DIR", help="keep the servers' logs in DIR")
     args = parser.parse_args()
 
-    exit_on_sigterm()
-    with tempfile.TemporaryDirectory(prefix="bench-retention-") as directory:
-        workdir = Path(args.logs or directory)
-        workdir.mkdir(parents=True, exist_ok=True)
-        processes = Processes(workdir)
-        try:
-            result = run(args, workdir, processes)
-        finally:
-            processes.stop_all()
-    print(json.dumps(result), flush=True)
+    run_benchmark(
+        "bench-retention-", lambda workdir, processes: run(args, workdir, processes), args.logs
+    )
 
 
 if __name__ == "__main__":
