@@ -32,9 +32,9 @@ from models import WebhookDelivery
 # Rows one transaction deletes at most (deliveries or events; a delivery's attempts go with it).
 BATCH_SIZE = 1000
 # After each batch the purge rests this many times as long as the batch took, leaving the
-# database's CPU, disk and WAL to the requests: flat out, a purge doubled the postbacks' p99
-# (docs/benchmarks.md, "Retention").
-REST_RATIO = 1.0
+# database's CPU, disk and WAL to the requests (docs/benchmarks.md, "Retention": 1 still
+# doubled the postbacks' p99 on a quiet machine, 3 left their p50 as it was).
+REST_RATIO = 3.0
 # pg_try_advisory_lock key of the purge: "retentn" in ASCII, far from the per-endpoint keys.
 PURGE_LOCK_KEY = 0x726574656E746E
 # A batch waits at most this long for a lock it needs (it never should: see the module's doc).
