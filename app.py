@@ -24,6 +24,7 @@ from config import Settings
 from extensions import db, migrate
 from observability.logs import configure_logging
 from observability.metrics import count_request
+from services import wakeups
 from services.secret_box import SecretBox
 from workers import dispatch
 
@@ -66,6 +67,7 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
     register_error_handlers(app)
     register_commands(app)
     dispatch.install()
+    wakeups.install()
     app.before_request(_start_request)
     app.after_request(_finish_request)
     return app

@@ -24,6 +24,7 @@ from models.webhook_delivery import PENDING
 from models.webhook_endpoint import endpoint_is_open_sql
 from schemas.base import iso_timestamp
 from services.errors import ValidationFailed
+from services.wakeups import note_published
 
 API_VERSION = "1"
 # session.info key under which endpoints to wake after commit are collected.
@@ -95,6 +96,7 @@ def publish_event(
         .all()
     )
     _wake_after_commit(row.endpoint_id for row in delivered)
+    note_published(brand_id)
     return PublishedEvent(event=event, delivery_ids=[row.id for row in delivered])
 
 
@@ -155,6 +157,7 @@ def deliver_again(
             ],
         )
         _wake_after_commit([endpoint_id])
+        note_published(brand_id)
     return delivery_ids
 
 

@@ -37,6 +37,7 @@ from services.errors import Conflict
 from services.events import PUBLISH_CTES, event_body_around, wake_after_commit
 from services.failpoints import failpoint
 from services.psycopg_direct import fetch_first_on_psycopg, psycopg_sql
+from services.wakeups import note_published
 
 DEFAULT_IN_FLIGHT_WINDOW_SECONDS = 120
 # In flight almost always means "a few milliseconds from committing".
@@ -175,6 +176,7 @@ def _record_in_one_statement(
         )
     conversion.link_id, conversion.campaign_id, conversion.deal_id, endpoint_ids = recorded
     wake_after_commit(endpoint_ids)
+    note_published(conversion.brand_id)
     # The last moment before the caller commits: the key, the conversion, the counters and the
     # event are all written and none is visible yet. Tests crash or hang a server here.
     failpoint("postback.before_commit")
