@@ -104,6 +104,6 @@ def test_a_runs_json_logs_parse_carry_their_ids_and_hold_no_secret(
         if line.get("delivery_id") == delivery_id and line.get("outcome") == "http_error"
     ]
     assert failed_attempt["endpoint_id"] == endpoint["id"]
-    assert failed_attempt["event_name"] == "deal.completed"
+    assert failed_attempt["event_name"] == "webhook.test"
     assert failed_attempt["http_status"] == 500
     assert failed_attempt["attempt"] == 1

@@ -62,6 +62,9 @@ log = logging.getLogger("brand_api.webhooks")
 EXTEND_EVERY_SECONDS = 1.0
 # After a round the database refused (an outage), the next waits this long.
 DATABASE_RETRY_SECONDS = 1.0
+# Results deferred because their endpoint's row was held (a change, another worker's claim) are
+# tried again this soon: such locks last milliseconds.
+DEFERRED_RETRY_SECONDS = 0.05
 
 
 @dataclass
@@ -92,6 +95,7 @@ class DeliveryLoop:
         self._finished: list[tuple[Attempt, AttemptOutcome]] = []  # not recorded yet
         self._stopping = False
         self._idle = False
+        self._failing = False  # the last round failed (logged once per outage)
         self._tasks: set[asyncio.Task] = set()
         self._db = ThreadPoolExecutor(1, "delivery-db", initializer=self._enter_app)
         self._loop = asyncio.new_event_loop()
@@ -174,8 +178,12 @@ class DeliveryLoop:
 
     async def _wait(self, done: Round, extended_at: float) -> None:
         """Until something to do: an attempt finished, a wake-up, a retry due, leases to
-        extend, or the poll interval. (Results deferred by the round wait for one of these.)"""
-        timeout = DATABASE_RETRY_SECONDS if done.failed else self.poll_interval
+        extend, or the poll interval. After a failed round, a pause whatever happens: the
+        results wait in memory, under leases it extends once the database answers."""
+        if done.failed:
+            await asyncio.sleep(DATABASE_RETRY_SECONDS)
+            return
+        timeout = DEFERRED_RETRY_SECONDS if done.deferred else self.poll_interval
         if done.next_due_at is not None:
             timeout = min(timeout, max(0.0, (done.next_due_at - utcnow()).total_seconds()))
         if self._running or self._finished:
@@ -213,15 +221,22 @@ class DeliveryLoop:
             )
             db.session.commit()
             done.claimed, done.next_due_at = claimed.attempts, claimed.next_due_at
+            if self._failing:
+                log.info("webhook delivery rounds work again")
+                self._failing = False
         except Exception as error:
             db.session.rollback()
             count_backing_service_error("database", "worker")
-            # An outage is one line a round; anything else is a bug, with its traceback.
-            log.warning(
-                "webhook delivery round failed (%s); trying again shortly",
-                type(error).__name__,
-                exc_info=not isinstance(error, OperationalError | InterfaceError),
-            )
+            outage = isinstance(error, OperationalError | InterfaceError)
+            # An outage is one line, not one a second; anything else is a bug: its traceback.
+            if not (outage and self._failing):
+                log.warning(
+                    "webhook delivery round failed (%s); trying again every %gs",
+                    type(error).__name__,
+                    DATABASE_RETRY_SECONDS,
+                    exc_info=not outage,
+                )
+            self._failing = True
             if batch and not done.recorded and not done.deferred:
                 done.deferred = list(batch)  # not written: recorded next round
             done.failed = True
