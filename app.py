@@ -26,7 +26,6 @@ from observability.logs import configure_logging
 from observability.metrics import count_request
 from services import wakeups
 from services.secret_box import SecretBox
-from workers import dispatch
 
 MAX_BODY_BYTES = 64 * 1024
 ENGINE_OPTIONS = {"pool_pre_ping": True, "pool_size": 10, "max_overflow": 10, "pool_recycle": 1800}
@@ -66,7 +65,6 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
     app.register_blueprint(metrics)
     register_error_handlers(app)
     register_commands(app)
-    dispatch.install()
     wakeups.install()
     app.before_request(_start_request)
     app.after_request(_finish_request)

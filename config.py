@@ -21,6 +21,8 @@ DEFAULT_PORT = 5000
 # (docs/webhooks.md, "Sizing"; measured in docs/benchmarks.md).
 DEFAULT_CONCURRENCY = 256
 DEFAULT_ENDPOINT_CONCURRENCY = 2
+# The delivery loop looks for due work at least this often however wake-ups fare (seconds).
+MAX_POLL_INTERVAL = 1.0
 # Written by `make run` while its embedded PostgreSQL and Redis are up, so that CLI commands
 # started in another terminal reach the same servers without the developer exporting a URL.
 EMBEDDED_DATABASE_URL_FILE = "database-url"
@@ -51,6 +53,7 @@ class Settings:
     webhook_concurrency: int
     webhook_endpoint_concurrency: int
     webhook_sweep_interval: float
+    webhook_poll_interval: float
     postback_in_flight_window: int
     webhook_retention_days: int
     # CONTRACT 9.1: "N/second", "N/minute" or "N/hour", per API key.
@@ -93,6 +96,9 @@ class Settings:
                 maximum=1024,
             ),
             webhook_sweep_interval=_float(environ, "WEBHOOK_SWEEP_INTERVAL", 10.0),
+            webhook_poll_interval=_float(
+                environ, "WEBHOOK_POLL_INTERVAL", 1.0, maximum=MAX_POLL_INTERVAL
+            ),
             postback_in_flight_window=_int(
                 environ, "POSTBACK_IN_FLIGHT_WINDOW", 120, minimum=1, maximum=3600
             ),
@@ -227,7 +233,9 @@ def _int(
     return value
 
 
-def _float(environ: Mapping[str, str], name: str, default: float) -> float:
+def _float(
+    environ: Mapping[str, str], name: str, default: float, *, maximum: float | None = None
+) -> float:
     raw = environ.get(name, "").strip()
     if not raw:
         return default
@@ -237,6 +245,8 @@ def _float(environ: Mapping[str, str], name: str, default: float) -> float:
         raise ConfigError(f"{name} must be a number of seconds, not {raw!r}") from None
     if value <= 0:
         raise ConfigError(f"{name} must be positive, not {value}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{name} must be at most {maximum:g}, not {value:g}")
     return value
 
 

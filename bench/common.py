@@ -123,7 +123,7 @@ class Processes:
 
     def stop(self, process: subprocess.Popen) -> None:
         """SIGTERM, then SIGKILL; then the same for what is left of its process group (each
-        child leads its own: the worker forks RQ's scheduler, gunicorn its workers)."""
+        child leads its own: gunicorn forks its workers)."""
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
             try:

@@ -3,8 +3,8 @@ from publish to receipt, in one run against PostgreSQL and Redis (see bench/READ
 
 Run from the repository root:  .venv/bin/python -m bench.deliveries
 
-1. worker: N events are published with `publish_event` in batches (a commit per batch queues
-   the drain jobs), then ONE `flask --app app worker` process is started; the rate is N over
+1. worker: N events are published with `publish_event` in batches (each commit sends a
+   wake-up), then ONE `flask --app app worker` process is started; the rate is N over
    the time from the receiver's first receipt (worker start-up excluded) until the database
    shows all N `delivered`.
 2. ceiling: the same N deliveries are reset to pending, and a plain loop in this process posts
@@ -190,7 +190,7 @@ def pending_count(conn, endpoint_id: str) -> int:
 
 
 def publish(app, brand_id: str, count: int, batch: int) -> float:
-    """Publish `count` events, committing every `batch`: each commit queues a drain job."""
+    """Publish `count` events, committing every `batch`: each commit sends a wake-up."""
     from extensions import db
     from models.event_catalog import sample_data
     from services.events import publish_event

@@ -54,12 +54,13 @@ class WebhookDelivery(db.Model):
             postgresql_where=_PENDING_ONLY,
         ),
         # Attempts in flight: an endpoint's leased deliveries, counted at every claim to hold
-        # the per-endpoint limit across workers.
+        # the per-endpoint limit across workers. Whatever their status: a delivery failed by a
+        # disable while its attempt is on the wire still holds its slot until recorded.
         Index(
             "ix_webhook_deliveries_endpoint_leased",
             "endpoint_id",
             "leased_until",
-            postgresql_where=text("status = 'pending' AND lease_token IS NOT NULL"),
+            postgresql_where=text("lease_token IS NOT NULL"),
         ),
     )
 
@@ -83,8 +84,9 @@ class WebhookDelivery(db.Model):
     delivered_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     # When the next attempt is due; null once the delivery is settled.
     next_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
-    # A worker's claim: no other worker attempts the delivery until the lease expires, which
-    # it does by itself if that worker dies mid-attempt.
+    # A worker's claim, taken as its attempt starts and extended while it runs: no other worker
+    # attempts the delivery until the lease lapses, which it does within seconds of that worker
+    # dying. The result is written only under the token that took it.
     leased_until: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     lease_token: Mapped[str | None] = mapped_column(String(32), nullable=True)
     # The newer delivery of the same event to the same endpoint (redeliver, recover): a failure

@@ -51,6 +51,9 @@ class WebhookEndpoint(db.Model):
     # When the oldest failed attempt of the current run of consecutive failures was made: the
     # disable rule (CONTRACT 6.2) needs the run to be both long and old.
     failing_since: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # While the run of failures lasts, no attempt of it starts before this (the breaker's pause
+    # between probes, the same for every worker: services/delivery_attempts.py).
+    next_probe_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     disabled_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     disabled_reason: Mapped[str | None] = mapped_column(
         String(DISABLED_REASON_MAX_LENGTH), nullable=True

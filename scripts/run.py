@@ -24,7 +24,7 @@ Each child runs in its own process group (same session), so the terminal's Ctrl-
 this supervisor, which is then the one place that signals the children: the RQ worker gets one
 SIGTERM (a warm shutdown that finishes the delivery in hand) instead of the terminal's SIGINT
 followed by ours (which RQ takes as "cold shutdown"), and a child's whole group (gunicorn's
-workers, RQ's scheduler process) can be killed at once if the child does not stop in time.
+workers) can be killed at once if the child does not stop in time.
 
 Environment (besides the app's own, CONTRACT section 1):
   PORT           HTTP port, default 5000.
@@ -361,7 +361,7 @@ class Child:
         return info is not None
 
     def kill_group(self) -> None:
-        """SIGKILL the child's whole process group (gunicorn's workers, RQ's scheduler)."""
+        """SIGKILL the child's whole process group (gunicorn's workers)."""
         if self.process.returncode is None:  # not reaped: the group id is still ours
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.process.pid, signal.SIGKILL)

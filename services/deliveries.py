@@ -295,18 +295,13 @@ def _endpoint_taking_deliveries(
 
 
 def fail_pending_deliveries(endpoint_id: str, *, error: str) -> int:
-    """End every pending delivery of the endpoint as `failed`, leased ones included (their
-    worker's result is then discarded); how many."""
+    """End every pending delivery of the endpoint as `failed`; how many. One whose attempt is
+    in flight keeps its lease: the attempt still counts against the endpoint's limit, and its
+    worker records it (services/delivery_attempts.py) when it ends."""
     result = db.session.execute(
         update(WebhookDelivery)
         .where(WebhookDelivery.endpoint_id == endpoint_id, WebhookDelivery.status == PENDING)
-        .values(
-            status=FAILED,
-            last_error=error,
-            next_attempt_at=None,
-            leased_until=None,
-            lease_token=None,
-        )
+        .values(status=FAILED, last_error=error, next_attempt_at=None)
         .execution_options(synchronize_session=False)
     )
     return result.rowcount

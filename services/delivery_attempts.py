@@ -1,28 +1,40 @@
-"""What a worker does to the database around an attempt: claim due deliveries under a lease,
-record each attempt's outcome (retry, deliver, fail, disable the endpoint), and find work whose
-job was lost (CONTRACT 6.2).
+"""What the delivery loop does to the database (CONTRACT 6.2): lease due deliveries as their
+attempts start, keep those leases while the attempts run, and record each outcome (retry,
+deliver, fail, disable the endpoint).
 
-Written in SQLAlchemy Core on the session: the worker's hot path wants few round trips and no
-ORM identity map, and every function commits its own short transaction so that a worker killed
-at any point leaves the database consistent.
+The database alone says what is due, what is in flight and how an endpoint is doing:
+
+- A delivery is due when it is `pending`, its `next_attempt_at` has passed and no live lease
+  holds it. A lease is a token and a time (`leased_until`), taken in the statement that picks
+  the delivery, extended by its worker every second while the attempt runs, and cleared by the
+  record. A worker that dies leaves leases that lapse within `LEASE` seconds.
+- An endpoint has at most its slot limit of live leases, whatever their deliveries' status,
+  across all workers: a claim locks the endpoint's row and counts them. While it keeps failing
+  (`consecutive_failures`), the limit is one and no attempt starts before `next_probe_at`.
+- A result is written under the token that took the delivery, whenever that is: late (past
+  the lease, after an outage) or after a disable failed the delivery meanwhile. A result
+  whose token was replaced (the lease lapsed and another worker took the delivery) is
+  discarded, and that worker's attempt is the one logged.
+
+Times are the database's clock (`statement_timestamp()`), so that workers on machines whose
+clocks differ agree on what is due and whose lease is live. Written in SQL on the session: the
+hot path wants few round trips and no ORM identity map; each function leaves the transaction to
+its caller, who commits once per round.
 """
 
 from __future__ import annotations
 
 import json
 import random
-import secrets
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import func, insert, or_, select, text, update
+from sqlalchemy import TextClause, text
 
 from extensions import db
-from models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from models.webhook_delivery import DELIVERED, ERROR_MAX_LENGTH, FAILED, PENDING
 from models.webhook_endpoint import endpoint_is_open_sql
-from services.deliveries import fail_pending_deliveries
 from services.endpoint_health import (
     PROBING_AFTER_FAILURES,
     count_failure,
@@ -37,15 +49,29 @@ JITTER = 0.10  # retries land within ±10% of the schedule (CONTRACT 6.2)
 # A receiver's Retry-After is honoured up to this (CONTRACT 8.6).
 RETRY_AFTER_MAX_SECONDS = 3600
 GONE_REASON = "The receiver answered 410 Gone"
+# How long a lease lasts unless its worker extends it: what a killed worker's deliveries wait.
+LEASE = timedelta(seconds=4)
+# Endpoints one claim looks at, at most (each gets up to its room).
+CLAIM_ENDPOINTS_MAX = 500
+# The database's clock, unless a caller (a test) gives the time.
+_NOW = "COALESCE(CAST(:now AS timestamptz), statement_timestamp())"
+
+
+def _sql(statement: str) -> TextClause:
+    """A constant statement with `{now}` (the time above) and `{e_is_open}` (the endpoint
+    `e` takes deliveries: models/webhook_endpoint.py's one rule) filled in."""
+    return text(statement.replace("{now}", _NOW).replace("{e_is_open}", endpoint_is_open_sql("e")))
 
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """CONTRACT section 1: WEBHOOK_RETRY_SCHEDULE, WEBHOOK_DISABLE_FAILURES/_WINDOW."""
+    """CONTRACT section 1: WEBHOOK_RETRY_SCHEDULE, WEBHOOK_DISABLE_FAILURES/_WINDOW, and the
+    timeout that bounds the breaker's pause."""
 
     schedule: tuple[int, ...]
     disable_failures: int
     disable_window: timedelta
+    timeout: float = 10.0
 
     @classmethod
     def from_settings(cls, settings) -> RetryPolicy:
@@ -53,6 +79,7 @@ class RetryPolicy:
             schedule=settings.webhook_retry_schedule,
             disable_failures=settings.webhook_disable_failures,
             disable_window=timedelta(seconds=settings.webhook_disable_window),
+            timeout=settings.webhook_timeout,
         )
 
     @property
@@ -61,40 +88,26 @@ class RetryPolicy:
 
 
 @dataclass(frozen=True)
-class ClaimedDelivery:
-    id: str
+class Attempt:
+    """One attempt to make now: a leased delivery and its endpoint as committed at the claim."""
+
+    delivery_id: str
+    endpoint_id: str
     event_name: str
     attempt_number: int
     body: bytes
-    # Held until then: its attempt must start a timeout before (one claimed ahead, later).
-    leased_until: datetime
+    url: str
+    secret_ciphertext: str
+    # The secret before it, while a rotation's overlap lasts at the claim (it signs too).
+    previous_secret_ciphertext: str | None
+    token: str
 
 
-@dataclass
-class Claim:
-    """What one claim found for one endpoint: the deliveries leased to the claiming worker
-    (perhaps none), of which the first `room` may start at once and the rest were claimed
-    ahead, to start as those end; and what the worker should know of the endpoint."""
-
-    endpoint_id: str
-    url: str = ""
-    secret_ciphertext: str = ""
-    # The secret before it, while a rotation's overlap lasts (it signs too), and until when.
-    previous_secret_ciphertext: str | None = None
-    previous_secret_expires_at: datetime | None = None
-    token: str = ""
-    deliveries: list[ClaimedDelivery] = field(default_factory=list)
-    room: int = 0
-    # The endpoint's run of failed attempts when claimed (its slot limit follows from it).
-    consecutive_failures: int = 0
-    # Due deliveries are left that this claim did not take: the endpoint's slots were full.
-    more_due: bool = False
-    # When the endpoint's next delivery that is not due yet falls due (a retry), if any.
+@dataclass(frozen=True)
+class Claimed:
+    attempts: list[Attempt] = field(default_factory=list)
+    # When a pending delivery that is not due yet falls due (a retry), if any.
     next_due_at: datetime | None = None
-    # False: the endpoint is disabled, deleted or gone; nothing is sent to it.
-    open: bool = True
-    # Another worker was claiming the endpoint at that moment; nothing was looked at.
-    busy: bool = False
 
 
 @dataclass(frozen=True)
@@ -128,357 +141,322 @@ class AttemptOutcome:
             return "not_sent"
         return "network_error"
 
+    @property
+    def error_text(self) -> str | None:
+        """What the log keeps of a failure (every failed attempt says why)."""
+        if self.succeeded:
+            return None
+        error = self.error or f"HTTP {self.http_status}"
+        return error[:ERROR_MAX_LENGTH]
+
 
 @dataclass(frozen=True)
 class Recorded:
+    """What became of an attempt's result. `kept` is False when its token was no longer the
+    delivery's (another worker took it after the lease lapsed): nothing was written."""
+
     status: str
     retry_at: datetime | None = None
     endpoint_disabled: bool = False
-    # False when the delivery was no longer ours (lease lost, endpoint deleted meanwhile): the
-    # outcome was not written.
     kept: bool = True
-    # Whether the endpoint may still be sent to: false once it was deleted or disabled, by this
-    # attempt or by anyone meanwhile. Read in the attempt's own transaction, so a drain learns
-    # of a DELETE before its next send, at no extra commit.
-    endpoint_open: bool = True
-    # The endpoint's run of failed attempts after this one (0 after a success).
-    consecutive_failures: int = 0
 
 
-def claim_due_deliveries(
-    slots: Mapping[str, int],
+# --- claiming ---------------------------------------------------------------------------------
+
+
+def claim_attempts(
     *,
+    slots: int,
     endpoint_limit: int,
-    lease: timedelta,
-    now: datetime,
-    owner: str,
-    ahead: int = 0,
-    attempt_time: timedelta = timedelta(0),
-) -> dict[str, Claim]:
-    """Lease due pending deliveries of several endpoints in one transaction, oldest due first.
+    token: str,
+    now: datetime | None = None,
+) -> Claimed:
+    """Lease up to `slots` due deliveries for attempts that start now: each endpoint's oldest
+    due first, at most its room (its slot limit less its live leases), and the endpoints in
+    turn: those with fewer attempts in flight first, then the one whose last attempt started
+    longest ago. So a brand's backlog takes its turns with another brand's single event
+    instead of going first, and no endpoint waits for a slot while others take several.
 
-    Of each endpoint, up to `slots[endpoint]` may start at once (its `room`), and never so
-    many that it has more attempts in flight than its slot limit (`endpoint_health.slot_limit`)
-    across all workers (an attempt in flight is a live lease). A healthy endpoint that no
-    other worker holds is also claimed `ahead` (that many more, for the caller to start as its
-    attempts end): while the caller holds them, other workers find no room, so the limit still
-    holds. A lease runs out `lease` after the moment its attempt may start at the latest: a
-    delivery claimed ahead is held `attempt_time` longer for each round of the endpoint's
-    attempts before it.
-
-    `owner` (8 characters) begins every lease token the caller takes. Deliveries leased by a
-    live worker are not taken; a lapsed lease is. An endpoint that another worker is claiming
-    at the same moment is skipped (`busy`): its count of leases would be stale. One that is
-    disabled or deleted comes back closed, with any pending delivery a race left behind failed
-    now."""
-    endpoint_ids = list(slots)
-    if not endpoint_ids:
-        return {}
-    # Claims of one endpoint take turns here, and the count of its leases below is read after
-    # the lock is held (a new statement, a new snapshot), so two workers never both see room.
-    locked = set(db.session.scalars(_TRY_CLAIM_LOCKS, {"endpoint_ids": endpoint_ids}))
-    claims = {eid: Claim(eid, busy=True) for eid in endpoint_ids if eid not in locked}
-    wanted = [eid for eid in endpoint_ids if eid in locked]
-    token = owner + secrets.token_hex(12)
-    rows = (
-        db.session.execute(
-            _CLAIM,
-            {
-                "endpoint_ids": wanted,
-                "slots": [slots[eid] for eid in wanted],
-                "endpoint_limit": endpoint_limit,
-                "probing_after": PROBING_AFTER_FAILURES,
-                "ahead": ahead,
-                "now": now,
-                "leased_until": now + lease,
-                "round_seconds": attempt_time.total_seconds(),
-                "token": token,
-                "owned": owner + "%",
-            },
-        ).all()
-        if wanted
-        else []
-    )
-    for row in rows:
-        claim = claims.get(row.endpoint_id)
-        if claim is None:
-            claim = claims[row.endpoint_id] = Claim(
-                row.endpoint_id,
-                url=row.url,
-                secret_ciphertext=row.secret_ciphertext,
-                previous_secret_ciphertext=row.previous_secret_ciphertext,
-                previous_secret_expires_at=row.previous_secret_expires_at,
-                token=token,
-                room=row.room,
-                consecutive_failures=row.consecutive_failures,
-                more_due=row.more_due,
-                next_due_at=row.next_due_at,
-            )
-        if row.delivery_id is not None:
-            claim.deliveries.append(
-                ClaimedDelivery(
-                    id=row.delivery_id,
+    Two statements: the first finds endpoints with due deliveries and room, and locks their
+    rows (SKIP LOCKED: one another worker is claiming or recording is left for the next round);
+    the second, with a snapshot taken once those locks are held, counts each endpoint's leases
+    and takes its deliveries. A change of an endpoint (rotation, URL, disable) waits for that
+    lock, so every attempt leased after it commits reads it. The caller commits."""
+    claimed: list[Attempt] = []
+    if slots > 0:
+        params = {
+            "now": now,
+            "slots": slots,
+            "max_endpoints": min(slots, CLAIM_ENDPOINTS_MAX),
+            "endpoint_limit": endpoint_limit,
+            "probing_after": PROBING_AFTER_FAILURES,
+            "lease_seconds": LEASE.total_seconds(),
+            "token": token,
+        }
+        candidates = db.session.execute(_LOCK_ENDPOINTS_WITH_DUE_WORK, params).all()
+        closed = [row.id for row in candidates if not row.open]
+        if closed:
+            _fail_strays(closed, now)
+        open_ids = [row.id for row in candidates if row.open]
+        if open_ids:
+            # In the order the first statement gave: the endpoints' turns.
+            rows = db.session.execute(_LEASE_DUE, {**params, "endpoint_ids": open_ids}).all()
+            claimed = [
+                Attempt(
+                    delivery_id=row.id,
+                    endpoint_id=row.endpoint_id,
                     event_name=row.event_name,
                     attempt_number=row.attempt_count + 1,
                     body=row.body.encode(),
-                    leased_until=row.leased_until,
+                    url=row.url,
+                    secret_ciphertext=row.secret_ciphertext,
+                    previous_secret_ciphertext=row.previous_secret_ciphertext,
+                    token=token,
                 )
-            )
-    for endpoint_id in wanted:
-        if endpoint_id not in claims:
-            # Disabled or deleted: its pending deliveries were failed when that happened, and
-            # any a race left behind go now.
-            fail_pending_deliveries(endpoint_id, error="Endpoint disabled or deleted")
-            claims[endpoint_id] = Claim(endpoint_id, open=False)
-    db.session.commit()
-    return claims
+                for row in rows
+            ]
+    next_due_at = db.session.scalar(_NEXT_DUE, {"now": now})
+    return Claimed(attempts=claimed, next_due_at=next_due_at)
 
 
-_TRY_CLAIM_LOCKS = text(
+# Endpoints with a pending delivery, one index probe each (a loose index scan: a backlog of a
+# million rows of one endpoint costs one probe, not a million rows), kept if one of their
+# pending deliveries is due and unleased, they have room and no probe pause holds them, in
+# their turn (see claim_attempts); closed endpoints with such strays too, to fail them.
+_LOCK_ENDPOINTS_WITH_DUE_WORK = _sql(
     """
-    SELECT endpoint_id FROM unnest(CAST(:endpoint_ids AS varchar[])) AS endpoint_id
-    WHERE pg_try_advisory_xact_lock(hashtextextended('brand-api:claim:' || endpoint_id, 0))
+    WITH RECURSIVE pending_endpoint(endpoint_id) AS (
+        (SELECT endpoint_id FROM webhook_deliveries WHERE status = 'pending'
+         ORDER BY endpoint_id LIMIT 1)
+        UNION ALL
+        SELECT (SELECT d.endpoint_id FROM webhook_deliveries AS d
+                WHERE d.status = 'pending' AND d.endpoint_id > p.endpoint_id
+                ORDER BY d.endpoint_id LIMIT 1)
+        FROM pending_endpoint AS p WHERE p.endpoint_id IS NOT NULL
+    )
+    SELECT e.id, {e_is_open} AS open
+    FROM pending_endpoint AS p
+    JOIN webhook_endpoints AS e ON e.id = p.endpoint_id
+    CROSS JOIN LATERAL (
+        SELECT d.next_attempt_at FROM webhook_deliveries AS d
+        WHERE d.endpoint_id = e.id AND d.status = 'pending' AND d.next_attempt_at <= {now}
+          AND (d.lease_token IS NULL OR d.leased_until < {now})
+        ORDER BY d.next_attempt_at, d.id LIMIT 1
+    ) AS oldest_due
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS in_flight FROM webhook_deliveries AS held
+        WHERE held.endpoint_id = e.id AND held.lease_token IS NOT NULL
+          AND held.leased_until >= {now}
+    ) AS holding
+    CROSS JOIN LATERAL (
+        SELECT max(requested_at) AS at FROM webhook_attempts AS attempt
+        WHERE attempt.endpoint_id = e.id
+    ) AS last_attempt
+    WHERE NOT ({e_is_open})
+       OR ((e.next_probe_at IS NULL OR e.next_probe_at <= {now})
+           AND holding.in_flight < CASE WHEN e.consecutive_failures >= :probing_after THEN 1
+                                        ELSE :endpoint_limit END)
+    ORDER BY holding.in_flight, last_attempt.at NULLS FIRST, oldest_due.next_attempt_at, e.id
+    LIMIT :max_endpoints
+    FOR NO KEY UPDATE OF e SKIP LOCKED
     """
 )
 
-# One statement: each open endpoint's room (its slot limit less its attempts in flight, by
-# anyone) and how many to claim ahead (only if it is healthy and nobody else holds it), its
-# oldest due deliveries that nobody holds (one more than it takes, to tell whether more are
-# due), the lease of those it takes, and what the worker needs to send them. The picked rows
-# are a materialised CTE: as a subquery
-# of the UPDATE, PostgreSQL may re-run the pick per row and ignore its limit (it once leased
-# whole backlogs that way).
-_CLAIM = text(
+# The endpoints are locked: their leases counted now are every worker's. Each gets up to its
+# room of its oldest due deliveries (SKIP LOCKED: none another transaction holds), the first
+# of every endpoint before the second of any, up to the slots asked for. The picked rows are a
+# materialised CTE: as a subquery of the UPDATE, PostgreSQL may re-run the pick per row and
+# ignore its limit.
+_LEASE_DUE = _sql(
     """
     WITH endpoint AS (
-        SELECT e.id, e.url, e.secret_ciphertext, e.consecutive_failures, taking.*,
-               CASE WHEN e.previous_secret_expires_at > :now
+        SELECT e.id, e.url, e.secret_ciphertext,
+               CASE WHEN e.previous_secret_expires_at > {now}
                     THEN e.previous_secret_ciphertext END AS previous_secret_ciphertext,
-               e.previous_secret_expires_at
-        FROM unnest(CAST(:endpoint_ids AS varchar[]), CAST(:slots AS integer[]))
-             AS wanted(endpoint_id, slots)
-        JOIN webhook_endpoints AS e ON e.id = wanted.endpoint_id
-        CROSS JOIN LATERAL (
-            SELECT count(*) AS in_flight,
-                   count(*) FILTER (WHERE held.lease_token NOT LIKE :owned) AS elsewhere
-            FROM webhook_deliveries AS held
-            WHERE held.endpoint_id = e.id AND held.status = 'pending'
-              AND held.lease_token IS NOT NULL AND held.leased_until >= :now
-        ) AS holding
-        CROSS JOIN LATERAL (
-            SELECT CASE WHEN e.consecutive_failures >= :probing_after THEN 1
-                        ELSE :endpoint_limit END AS slot_limit
-        ) AS limits
-        CROSS JOIN LATERAL (
-            SELECT GREATEST(0, LEAST(wanted.slots, limits.slot_limit - holding.in_flight))
-                       AS room
-        ) AS fitting
-        CROSS JOIN LATERAL (
-            SELECT fitting.room, limits.slot_limit,
-                   CASE WHEN fitting.room > 0 AND holding.elsewhere = 0
-                             AND e.consecutive_failures = 0 THEN :ahead ELSE 0 END AS ahead
-        ) AS taking
-        WHERE {endpoint_is_open}
+               GREATEST(0, CASE WHEN e.consecutive_failures >= :probing_after THEN 1
+                                ELSE :endpoint_limit END
+                           - (SELECT count(*) FROM webhook_deliveries AS held
+                              WHERE held.endpoint_id = e.id AND held.lease_token IS NOT NULL
+                                AND held.leased_until >= {now})) AS room
+        FROM webhook_endpoints AS e
+        WHERE e.id = ANY(CAST(:endpoint_ids AS varchar[])) AND {e_is_open}
+          AND (e.next_probe_at IS NULL OR e.next_probe_at <= {now})
     ),
     picked AS MATERIALIZED (
-        SELECT due.id, endpoint.id AS endpoint_id, endpoint.room, endpoint.ahead,
-               endpoint.slot_limit,
-               row_number() OVER (
-                   PARTITION BY endpoint.id ORDER BY due.next_attempt_at, due.id
-               ) AS place
+        SELECT due.id, endpoint.id AS endpoint_id,
+               row_number() OVER (PARTITION BY endpoint.id
+                                  ORDER BY due.next_attempt_at, due.id) AS place,
+               array_position(CAST(:endpoint_ids AS varchar[]), endpoint.id) AS turn
         FROM endpoint CROSS JOIN LATERAL (
             SELECT d.id, d.next_attempt_at FROM webhook_deliveries AS d
             WHERE d.endpoint_id = endpoint.id AND d.status = 'pending'
-              AND d.next_attempt_at <= :now
-              AND (d.leased_until IS NULL OR d.leased_until < :now)
+              AND d.next_attempt_at <= {now}
+              AND (d.lease_token IS NULL OR d.leased_until < {now})
             ORDER BY d.next_attempt_at, d.id
-            LIMIT CASE WHEN endpoint.room > 0 THEN endpoint.room + endpoint.ahead ELSE 0 END + 1
-            FOR UPDATE SKIP LOCKED
+            LIMIT endpoint.room
+            FOR UPDATE OF d SKIP LOCKED
         ) AS due
+    ),
+    taken AS MATERIALIZED (
+        SELECT id FROM picked ORDER BY place, turn LIMIT :slots
     ),
     leased AS (
         UPDATE webhook_deliveries AS d
         SET lease_token = :token,
-            leased_until = CAST(:leased_until AS timestamptz) + make_interval(
-                secs => :round_seconds * ceil(
-                    GREATEST(0, picked.place - picked.room)::numeric / picked.slot_limit
-                )
-            )
-        FROM picked
-        WHERE d.id = picked.id AND picked.room > 0
-          AND picked.place <= picked.room + picked.ahead
-          -- Through the primary key: the planner cannot see how few rows the CTE holds, and
-          -- hash-joined it against every delivery.
-          AND d.id = ANY (ARRAY(SELECT id FROM picked))
+            leased_until = {now} + make_interval(secs => :lease_seconds)
+        -- Through the primary key: the planner cannot see how few rows the CTE holds.
+        WHERE d.id = ANY (ARRAY(SELECT id FROM taken))
         RETURNING d.id, d.endpoint_id, d.event_id, d.event_name, d.attempt_count,
-                  d.next_attempt_at, d.leased_until
+                  d.next_attempt_at
     )
-    SELECT endpoint.id AS endpoint_id, endpoint.url, endpoint.secret_ciphertext,
-           endpoint.previous_secret_ciphertext, endpoint.previous_secret_expires_at,
-           endpoint.consecutive_failures, endpoint.room,
-           EXISTS (
-               SELECT 1 FROM picked
-               WHERE picked.endpoint_id = endpoint.id
-                 AND (picked.room = 0 OR picked.place > picked.room + picked.ahead)
-           ) AS more_due,
-           (SELECT min(later.next_attempt_at) FROM webhook_deliveries AS later
-            WHERE later.endpoint_id = endpoint.id AND later.status = 'pending'
-              AND later.next_attempt_at > :now) AS next_due_at,
-           leased.id AS delivery_id, leased.event_name, leased.attempt_count,
-           leased.leased_until, event.body
-    FROM endpoint
-    LEFT JOIN leased ON leased.endpoint_id = endpoint.id
-    LEFT JOIN webhook_events AS event ON event.id = leased.event_id
-    ORDER BY endpoint.id, leased.next_attempt_at, leased.id
-    """.replace("{endpoint_is_open}", endpoint_is_open_sql("e"))
+    SELECT leased.id, leased.endpoint_id, leased.event_name, leased.attempt_count,
+           endpoint.url, endpoint.secret_ciphertext, endpoint.previous_secret_ciphertext,
+           event.body
+    FROM leased
+    JOIN endpoint ON endpoint.id = leased.endpoint_id
+    JOIN webhook_events AS event ON event.id = leased.event_id
+    ORDER BY leased.next_attempt_at, leased.id
+    """
+)
+
+_NEXT_DUE = _sql(
+    """
+    SELECT min(next_attempt_at) FROM webhook_deliveries
+    WHERE status = 'pending' AND next_attempt_at > {now}
+    """
 )
 
 
-def record_attempt(
-    claim: Claim,
-    delivery: ClaimedDelivery,
-    outcome: AttemptOutcome,
+def _fail_strays(endpoint_ids: list[str], now: datetime | None) -> None:
+    """Pending deliveries of closed endpoints: a publish that raced the disable or delete
+    committed them after it failed the others."""
+    db.session.execute(
+        _sql(
+            """
+            UPDATE webhook_deliveries SET status = 'failed', next_attempt_at = NULL,
+                   last_error = 'Endpoint disabled or deleted'
+            WHERE endpoint_id = ANY(CAST(:endpoint_ids AS varchar[])) AND status = 'pending'
+              AND (lease_token IS NULL OR leased_until < {now})
+            """
+        ),
+        {"endpoint_ids": endpoint_ids, "now": now},
+    )
+
+
+# --- keeping leases ---------------------------------------------------------------------------
+
+
+def extend_leases(held: Sequence[tuple[str, str]], *, now: datetime | None = None) -> set[str]:
+    """Extend the leases of attempts still running or waiting for their record, given as
+    (delivery id, token); the ids whose lease is still ours. Rows another transaction holds
+    are skipped this round rather than waited for."""
+    if not held:
+        return set()
+    rows = db.session.execute(
+        _EXTEND,
+        {
+            "delivery_ids": [delivery_id for delivery_id, _ in held],
+            "tokens": [token for _, token in held],
+            "lease_seconds": LEASE.total_seconds(),
+            "now": now,
+        },
+    ).all()
+    return {row.id for row in rows}
+
+
+_EXTEND = _sql(
+    """
+    WITH ours AS (
+        SELECT d.id FROM webhook_deliveries AS d
+        JOIN unnest(CAST(:delivery_ids AS varchar[]), CAST(:tokens AS varchar[]))
+             AS held(id, token) ON held.id = d.id AND d.lease_token = held.token
+        FOR NO KEY UPDATE OF d SKIP LOCKED
+    )
+    UPDATE webhook_deliveries AS d
+    SET leased_until = {now} + make_interval(secs => :lease_seconds)
+    FROM ours WHERE d.id = ours.id
+    RETURNING d.id
+    """
+)
+
+
+# --- recording --------------------------------------------------------------------------------
+
+
+def record_attempts(
+    results: Sequence[tuple[Attempt, AttemptOutcome]],
     *,
     policy: RetryPolicy,
-    now: datetime,
     rng: random.Random | None = None,
-) -> Recorded:
-    """Write the attempt and move the delivery on: `delivered`; or pending with its next retry;
-    or `failed` after the last one. A failure may disable the endpoint (CONTRACT 6.2), and a
-    success ends its run of failures."""
-    number = delivery.attempt_number
-    error = outcome.error
-    if not outcome.succeeded and error is None:
-        error = f"HTTP {outcome.http_status}"
-    error = error[:ERROR_MAX_LENGTH] if error else None
-    if outcome.succeeded:
-        recorded = Recorded(status=DELIVERED)
-        values = dict(status=DELIVERED, delivered_at=now, next_attempt_at=None, last_error=None)
-    elif number >= policy.max_attempts:
-        recorded = Recorded(status=FAILED)
-        values = dict(status=FAILED, next_attempt_at=None, last_error=error)
-    else:
-        delay = policy.schedule[number - 1] * (rng or random).uniform(1 - JITTER, 1 + JITTER)
-        if outcome.retry_after_seconds is not None:
-            delay = max(delay, min(outcome.retry_after_seconds, RETRY_AFTER_MAX_SECONDS))
-        retry_at = now + timedelta(seconds=delay)
-        recorded = Recorded(status=PENDING, retry_at=retry_at)
-        values = dict(next_attempt_at=retry_at, last_error=error)
+) -> list[Recorded | None]:
+    """Write a round's results, in the order they finished; for each, what became of it, or
+    None when its endpoint's row is held by another transaction (a change in progress, a
+    claim): it is recorded next round, its lease kept meanwhile, so that no lock anywhere can
+    hold up other endpoints' records or let a lease lapse.
 
-    # Rows are locked endpoint first, then delivery: the order of delete-endpoint and
-    # update-endpoint, so an attempt recorded during a DELETE waits for it instead of
-    # deadlocking with it.
-    failures = None
-    if outcome.succeeded:
-        count_success(claim.endpoint_id)
-    else:
-        failures = count_failure(
-            claim.endpoint_id,
-            outcome.requested_at,
-            error=error,
-            failing_at=failing_threshold(policy.disable_failures),
-        )
-    kept = db.session.execute(
-        update(WebhookDelivery)
-        .where(
-            WebhookDelivery.id == delivery.id,
-            WebhookDelivery.lease_token == claim.token,
-            WebhookDelivery.status == PENDING,
-        )
-        .values(
-            attempt_count=number,
-            http_status=outcome.http_status,
-            leased_until=None,
-            lease_token=None,
-            **values,
-        )
-        .execution_options(synchronize_session=False)
-    ).rowcount
-    if not kept:
-        endpoint_open = _endpoint_open(claim.endpoint_id)
-        db.session.rollback()  # the failure count too: this attempt is not ours to count
-        return Recorded(status=recorded.status, kept=False, endpoint_open=endpoint_open)
-    db.session.execute(
-        insert(WebhookAttempt).values(**_attempt_row(claim, delivery, outcome, error))
-    )
-    if _disabled_by(outcome, failures, claim.endpoint_id, policy, now, error):
-        recorded = Recorded(status=FAILED, endpoint_disabled=True, endpoint_open=False)
-    elif not _endpoint_open(claim.endpoint_id):
-        recorded = Recorded(status=recorded.status, retry_at=recorded.retry_at, endpoint_open=False)
-    db.session.commit()
-    if failures is not None:
-        recorded = replace(recorded, consecutive_failures=failures.consecutive_failures)
+    Rows are locked endpoint first, then delivery, the order of update-endpoint and
+    delete-endpoint, so that no deadlock is possible with them. An endpoint's run of failures
+    counts the failures after its last success in the round; a success resets it."""
+    if not results:
+        return []
+    endpoint_ids = sorted({attempt.endpoint_id for attempt, _ in results})
+    locked = set(db.session.scalars(_LOCK_ENDPOINTS, {"endpoint_ids": endpoint_ids}))
+    recorded: list[Recorded | None] = [None] * len(results)
+    last_success = {
+        attempt.endpoint_id: index
+        for index, (attempt, outcome) in enumerate(results)
+        if outcome.succeeded and attempt.endpoint_id in locked
+    }
+    successes = [
+        (index, attempt, outcome)
+        for index, (attempt, outcome) in enumerate(results)
+        if outcome.succeeded and attempt.endpoint_id in locked
+    ]
+    if successes:
+        settled = _settle_delivered([(attempt, outcome) for _, attempt, outcome in successes])
+        for index, attempt, _ in successes:
+            kept = attempt.delivery_id in settled
+            recorded[index] = Recorded(status=DELIVERED, kept=kept)
+        for endpoint_id in {a.endpoint_id for _, a, _ in successes if a.delivery_id in settled}:
+            count_success(endpoint_id)
+    for index, (attempt, outcome) in enumerate(results):
+        if outcome.succeeded or attempt.endpoint_id not in locked:
+            continue
+        counts = index > last_success.get(attempt.endpoint_id, -1)
+        recorded[index] = _record_failure(attempt, outcome, policy, rng, counts=counts)
     return recorded
 
 
-def _disabled_by(
-    outcome: AttemptOutcome, failures, endpoint_id: str, policy, now, error: str | None
-) -> bool:
-    """Whether this failed attempt disabled the endpoint: at once for a 410 Gone (the receiver
-    says it is gone for good), else when the run of failures is long and old enough."""
-    if outcome.gone:
-        return disable_endpoint(
-            endpoint_id, reason=GONE_REASON, now=now, by_service=True, last_error=error
-        )
-    return failures is not None and disable_if_failing_too_long(
-        endpoint_id,
-        failures,
-        disable_failures=policy.disable_failures,
-        disable_window=policy.disable_window,
-        now=now,
-        last_error=error,
-    )
+_LOCK_ENDPOINTS = text(
+    """
+    SELECT id FROM webhook_endpoints WHERE id = ANY(CAST(:endpoint_ids AS varchar[]))
+    ORDER BY id FOR NO KEY UPDATE SKIP LOCKED
+    """
+)
 
 
-def _attempt_row(
-    claim: Claim, delivery: ClaimedDelivery, outcome: AttemptOutcome, error: str | None
-) -> dict:
-    return {
-        "delivery_id": delivery.id,
-        "endpoint_id": claim.endpoint_id,
-        "attempt_number": delivery.attempt_number,
-        "requested_at": outcome.requested_at,
-        "duration_ms": outcome.duration_ms,
-        "http_status": outcome.http_status,
-        "error": error,
-        "response_body": outcome.response_body,
-        "request_headers": outcome.request_headers,
-    }
-
-
-def settle_delivered(
-    results: Sequence[tuple[Claim, ClaimedDelivery, AttemptOutcome]], *, now: datetime
-) -> set[str]:
-    """Settle successful attempts in one statement where nothing else must change (the
-    delivery still ours, its endpoint open and without failures to reset); the ids settled."""
-    rows = [_attempt_row(*result, None) for result in results]
+def _settle_delivered(results: Sequence[tuple[Attempt, AttemptOutcome]]) -> set[str]:
+    """Successful attempts, a batch in one statement; the ids written (still under their
+    token). A delivery a disable failed meanwhile becomes `delivered` too: it was."""
     settled = fetch_all_on_psycopg(
         db.session.connection(),
-        _DELIVERED_AT_ONCE_ON_PSYCOPG,
+        _SETTLE_DELIVERED_ON_PSYCOPG,
         {
-            "now": now,
-            "delivery_ids": [row["delivery_id"] for row in rows],
-            "tokens": [claim.token for claim, _, _ in results],
-            "endpoint_ids": [row["endpoint_id"] for row in rows],
-            "attempt_numbers": [row["attempt_number"] for row in rows],
-            "requested_ats": [row["requested_at"] for row in rows],
-            "durations": [row["duration_ms"] for row in rows],
-            "http_statuses": [row["http_status"] for row in rows],
-            "response_bodies": [row["response_body"] for row in rows],
-            "request_headers": [json.dumps(row["request_headers"]) for row in rows],
+            "delivery_ids": [attempt.delivery_id for attempt, _ in results],
+            "tokens": [attempt.token for attempt, _ in results],
+            "endpoint_ids": [attempt.endpoint_id for attempt, _ in results],
+            "attempt_numbers": [attempt.attempt_number for attempt, _ in results],
+            "requested_ats": [outcome.requested_at for _, outcome in results],
+            "durations": [outcome.duration_ms for _, outcome in results],
+            "http_statuses": [outcome.http_status for _, outcome in results],
+            "response_bodies": [outcome.response_body for _, outcome in results],
+            "request_headers": [json.dumps(outcome.request_headers) for _, outcome in results],
         },
     )
-    db.session.commit()
     return {delivery_id for (delivery_id,) in settled}
 
 
-# A success with nothing else to change, for a whole batch: a CTE settles each delivery and
-# logs its attempt together, in one round trip where a transaction per delivery takes four.
-# A delivery that is not settled here (no longer ours, its endpoint closed, or failures to
-# reset, which must lock the endpoint first) is for `record_attempt`. Reading the
-# failure count without a lock is safe: a failure committed after this statement's snapshot
-# is simply ordered after this success.
-_DELIVERED_AT_ONCE = text(
+_SETTLE_DELIVERED = text(
     """
     WITH outcome AS (
         SELECT * FROM unnest(
@@ -492,16 +470,11 @@ _DELIVERED_AT_ONCE = text(
     ),
     settled AS (
         UPDATE webhook_deliveries AS d
-        SET status = 'delivered', delivered_at = :now, next_attempt_at = NULL,
+        SET status = 'delivered', delivered_at = statement_timestamp(), next_attempt_at = NULL,
             last_error = NULL, attempt_count = o.attempt_number, http_status = o.http_status,
             leased_until = NULL, lease_token = NULL
         FROM outcome AS o
-        WHERE d.id = o.delivery_id AND d.lease_token = o.token AND d.status = 'pending'
-          AND EXISTS (
-              SELECT 1 FROM webhook_endpoints AS endpoint
-              WHERE endpoint.id = o.endpoint_id AND {endpoint_is_open}
-                AND endpoint.consecutive_failures = 0
-          )
+        WHERE d.id = o.delivery_id AND d.lease_token = o.token
         RETURNING d.id
     )
     INSERT INTO webhook_attempts (
@@ -512,43 +485,118 @@ _DELIVERED_AT_ONCE = text(
            o.http_status, NULL, o.response_body, CAST(o.request_headers AS json)
     FROM outcome AS o JOIN settled ON settled.id = o.delivery_id
     RETURNING delivery_id
-    """.replace("{endpoint_is_open}", endpoint_is_open_sql("endpoint"))
+    """
 )
 # Run on psycopg directly: SQLAlchemy's work around an execution was about a third of the
 # statement's time in the worker, on the path from one attempt of an endpoint to its next.
-_DELIVERED_AT_ONCE_ON_PSYCOPG = psycopg_sql(_DELIVERED_AT_ONCE)
+_SETTLE_DELIVERED_ON_PSYCOPG = psycopg_sql(_SETTLE_DELIVERED)
 
 
-def release_deliveries(claim: Claim, delivery_ids: list[str]) -> None:
-    """Give leased deliveries back unattempted, due as before, for the next drain."""
-    if not delivery_ids:
-        return
-    db.session.execute(
-        update(WebhookDelivery)
-        .where(WebhookDelivery.id.in_(delivery_ids), WebhookDelivery.lease_token == claim.token)
-        .values(leased_until=None, lease_token=None)
-        .execution_options(synchronize_session=False)
-    )
-    db.session.commit()
-
-
-def endpoints_with_overdue_deliveries(
-    *, overdue_before: datetime, now: datetime, limit: int = 1000
-) -> list[str]:
-    """Endpoints with a pending delivery due before `overdue_before` that nobody holds: their
-    job was lost (Redis down at publish, a worker killed mid-attempt, a job expired)."""
-    statement = (
-        select(WebhookDelivery.endpoint_id)
-        .where(
-            _claimable(now).whereclause,
-            WebhookDelivery.next_attempt_at <= overdue_before,
+def _record_failure(
+    attempt: Attempt,
+    outcome: AttemptOutcome,
+    policy: RetryPolicy,
+    rng: random.Random | None,
+    *,
+    counts: bool,
+) -> Recorded:
+    """A failed attempt: its log row, the delivery's next retry (or `failed` after the last),
+    and, if it `counts` in the endpoint's run of failures, that run: the breaker's pause, the
+    failing announcement, perhaps the endpoint disabled."""
+    number = attempt.attempt_number
+    error = outcome.error_text
+    delay = None
+    if number < policy.max_attempts:
+        delay = policy.schedule[number - 1] * (rng or random).uniform(1 - JITTER, 1 + JITTER)
+        if outcome.retry_after_seconds is not None:
+            delay = max(delay, min(outcome.retry_after_seconds, RETRY_AFTER_MAX_SECONDS))
+    row = db.session.execute(
+        _RECORD_FAILURE,
+        {
+            "delivery_id": attempt.delivery_id,
+            "token": attempt.token,
+            "attempt_number": number,
+            "http_status": outcome.http_status,
+            "error": error,
+            "retry_seconds": delay,
+            "endpoint_id": attempt.endpoint_id,
+            "requested_at": outcome.requested_at,
+            "duration_ms": outcome.duration_ms,
+            "response_body": outcome.response_body,
+            "request_headers": json.dumps(outcome.request_headers),
+        },
+    ).first()
+    if row is None:
+        return Recorded(status=PENDING, kept=False)
+    disabled = False
+    if counts:
+        run = count_failure(
+            attempt.endpoint_id,
+            outcome.requested_at,
+            error=error,
+            failing_at=failing_threshold(policy.disable_failures),
+            max_pause=policy.timeout,
         )
-        .distinct()
-        .limit(limit)
+        if outcome.gone:
+            disabled = disable_endpoint(
+                attempt.endpoint_id,
+                reason=GONE_REASON,
+                now=outcome.requested_at,
+                by_service=True,
+                last_error=error,
+            )
+        else:
+            disabled = disable_if_failing_too_long(
+                attempt.endpoint_id,
+                run,
+                disable_failures=policy.disable_failures,
+                disable_window=policy.disable_window,
+                now=outcome.requested_at,
+                last_error=error,
+            )
+    status = FAILED if disabled else row.status
+    retry_at = row.next_attempt_at if status == PENDING else None
+    return Recorded(status=status, retry_at=retry_at, endpoint_disabled=disabled)
+
+
+# A failed attempt, written under its token: the delivery waits for its retry (or is failed
+# after the last attempt; one a disable failed meanwhile stays failed), and its log row.
+_RECORD_FAILURE = text(
+    """
+    WITH given AS (
+        SELECT CAST(:retry_seconds AS double precision) AS retry_seconds,
+               CAST(:http_status AS integer) AS http_status,
+               CAST(:error AS varchar) AS error,
+               CAST(:attempt_number AS integer) AS attempt_number
+    ),
+    written AS (
+        UPDATE webhook_deliveries AS d
+        SET attempt_count = given.attempt_number, http_status = given.http_status,
+            last_error = given.error,
+            status = CASE WHEN d.status = 'pending' AND given.retry_seconds IS NOT NULL
+                          THEN 'pending' ELSE 'failed' END,
+            next_attempt_at = CASE
+                WHEN d.status = 'pending' AND given.retry_seconds IS NOT NULL
+                THEN statement_timestamp() + make_interval(secs => given.retry_seconds) END,
+            leased_until = NULL, lease_token = NULL
+        FROM given
+        WHERE d.id = :delivery_id AND d.lease_token = :token
+        RETURNING d.id, d.status, d.next_attempt_at
+    ),
+    logged AS (
+        INSERT INTO webhook_attempts (
+            delivery_id, endpoint_id, attempt_number, requested_at, duration_ms, http_status,
+            error, response_body, request_headers
+        )
+        SELECT written.id, :endpoint_id, given.attempt_number,
+               CAST(:requested_at AS timestamptz), CAST(:duration_ms AS integer),
+               given.http_status, given.error, CAST(:response_body AS text),
+               CAST(:request_headers AS json)
+        FROM written CROSS JOIN given
     )
-    endpoint_ids = list(db.session.scalars(statement))
-    db.session.commit()
-    return endpoint_ids
+    SELECT status, next_attempt_at FROM written
+    """
+)
 
 
 @dataclass(frozen=True)
@@ -560,31 +608,18 @@ class DeliveryBacklog:
     oldest_due_at: datetime | None
 
 
-def delivery_backlog(*, now: datetime) -> DeliveryBacklog:
+def delivery_backlog(*, now: datetime | None = None) -> DeliveryBacklog:
     """Counted on the pending rows only (partial indexes), however long the delivery log is."""
-    due = _claimable(now).whereclause
-    pending, due_count, oldest = db.session.execute(
-        select(
-            func.count(),
-            func.count().filter(due),
-            func.min(WebhookDelivery.next_attempt_at).filter(due),
-        ).where(WebhookDelivery.status == PENDING)
-    ).one()
+    pending, due, oldest = db.session.execute(_BACKLOG, {"now": now}).one()
     db.session.commit()
-    return DeliveryBacklog(pending=pending, due=due_count, oldest_due_at=oldest)
+    return DeliveryBacklog(pending=pending, due=due, oldest_due_at=oldest)
 
 
-def _claimable(now: datetime):
-    return select(WebhookDelivery.id).where(
-        WebhookDelivery.status == PENDING,
-        WebhookDelivery.next_attempt_at <= now,
-        or_(WebhookDelivery.leased_until.is_(None), WebhookDelivery.leased_until < now),
+_BACKLOG = _sql(
+    """
+    SELECT count(*), count(*) FILTER (WHERE {due}), min(next_attempt_at) FILTER (WHERE {due})
+    FROM webhook_deliveries WHERE status = 'pending'
+    """.replace(
+        "{due}", "next_attempt_at <= {now} AND (lease_token IS NULL OR leased_until < {now})"
     )
-
-
-def _endpoint_open(endpoint_id: str) -> bool:
-    return bool(
-        db.session.scalar(
-            select(WebhookEndpoint.is_active).where(WebhookEndpoint.id == endpoint_id)
-        )
-    )
+)

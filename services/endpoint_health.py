@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import func, select, update
+from sqlalchemy import case, func, select, update
 
 from extensions import db
 from models import WebhookEndpoint
@@ -31,13 +31,9 @@ ENDPOINT_DISABLED = "webhook.endpoint_disabled"
 # An endpoint whose last this many attempts failed in a row is probed with one attempt at a time
 # (a half-open circuit breaker), whatever WEBHOOK_ENDPOINT_CONCURRENCY allows a healthy one: a
 # receiver that hangs holds one slot, not all of them, and one that is down is not hammered.
+# After each failure of such a run, its next attempt waits 1, 2, 4... seconds (at most the
+# timeout): `next_probe_at`, which every worker's claim reads (services/delivery_attempts.py).
 PROBING_AFTER_FAILURES = 3
-
-
-def slot_limit(consecutive_failures: int, endpoint_limit: int) -> int:
-    """Attempts an endpoint may have in flight across all workers, given its run of failures.
-    (The claim's SQL applies the same rule with PROBING_AFTER_FAILURES.)"""
-    return 1 if consecutive_failures >= PROBING_AFTER_FAILURES else endpoint_limit
 
 
 @dataclass(frozen=True)
@@ -56,17 +52,33 @@ def failing_threshold(disable_failures: int) -> int:
 
 
 def count_failure(
-    endpoint_id: str, failed_at: datetime, *, error: str | None, failing_at: int
+    endpoint_id: str,
+    failed_at: datetime,
+    *,
+    error: str | None,
+    failing_at: int,
+    max_pause: float,
 ) -> FailureRun:
-    """One more failed attempt in the endpoint's run (which starts at `failed_at` if new). The
-    attempt that takes the run to `failing_at` announces `webhook.endpoint_failing`: one does,
-    since each failure adds one in its own locked UPDATE, and a success starts the count over."""
+    """One more failed attempt in the endpoint's run (which starts at `failed_at` if new), and
+    the breaker's pause before its next attempt once the run is long enough (at most
+    `max_pause` seconds). The attempt that takes the run to `failing_at` announces
+    `webhook.endpoint_failing`: one does, since each failure adds one in its own locked UPDATE,
+    and a success starts the count over."""
+    failures = WebhookEndpoint.consecutive_failures + 1
+    pause = func.least(max_pause, func.power(2, failures - PROBING_AFTER_FAILURES))
     row = db.session.execute(
         update(WebhookEndpoint)
         .where(WebhookEndpoint.id == endpoint_id)
         .values(
-            consecutive_failures=WebhookEndpoint.consecutive_failures + 1,
+            consecutive_failures=failures,
             failing_since=db.func.coalesce(WebhookEndpoint.failing_since, failed_at),
+            next_probe_at=case(
+                (
+                    failures >= PROBING_AFTER_FAILURES,
+                    func.statement_timestamp() + func.make_interval(0, 0, 0, 0, 0, 0, pause),
+                ),
+                else_=None,
+            ),
         )
         .returning(
             WebhookEndpoint.consecutive_failures,
@@ -90,11 +102,15 @@ def count_failure(
 
 
 def count_success(endpoint_id: str) -> None:
-    """A successful attempt ends the endpoint's run of failures."""
+    """A successful attempt ends the endpoint's run of failures, and its breaker's pause."""
     db.session.execute(
         update(WebhookEndpoint)
-        .where(WebhookEndpoint.id == endpoint_id, WebhookEndpoint.consecutive_failures != 0)
-        .values(consecutive_failures=0, failing_since=None)
+        .where(
+            WebhookEndpoint.id == endpoint_id,
+            (WebhookEndpoint.consecutive_failures != 0)
+            | WebhookEndpoint.next_probe_at.is_not(None),
+        )
+        .values(consecutive_failures=0, failing_since=None, next_probe_at=None)
         .execution_options(synchronize_session=False)
     )
 
@@ -218,6 +234,7 @@ def enable_endpoint(endpoint_id: str, *, now: datetime) -> bool:
             disabled_reason=None,
             consecutive_failures=0,
             failing_since=None,
+            next_probe_at=None,
             updated_at=now,
         )
         .returning(WebhookEndpoint.id)

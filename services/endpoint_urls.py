@@ -93,8 +93,11 @@ def validate_endpoint_url(url: str, policy: UrlPolicy) -> str:
     return url
 
 
-def attempt_target(url: str, policy: UrlPolicy) -> AttemptTarget:
-    """Resolve the endpoint's host now, check every address it resolves to, pick one.
+def attempt_target(
+    url: str, policy: UrlPolicy, addresses: list[IpAddress] | None = None
+) -> AttemptTarget:
+    """Check every address the endpoint's host resolves to now, and pick one: `addresses`, as
+    the caller looked them up for `lookup_name(url, policy)`, or resolved here (blocking).
 
     :raise AddressRefused: the URL breaks a rule today, or the name does not resolve.
     """
@@ -105,10 +108,13 @@ def attempt_target(url: str, policy: UrlPolicy) -> AttemptTarget:
         # where a receiver bound to 127.0.0.1 is not listening.
         address: IpAddress = ipaddress.ip_address("127.0.0.1")
     else:
-        try:
-            addresses = _resolve(hostname, port)
-        except socket.gaierror as error:
-            raise AddressRefused(f"Could not resolve {hostname}: {error.strerror}") from None
+        if addresses is None:
+            try:
+                addresses = _resolve(hostname, port)
+            except socket.gaierror as error:
+                raise AddressRefused(f"Could not resolve {hostname}: {error.strerror}") from None
+        if not addresses:
+            raise AddressRefused(f"Could not resolve {hostname}")
         _require_public(addresses, hostname, error=AddressRefused)
         address = addresses[0]
     literal = f"[{address}]" if address.version == 6 else str(address)
@@ -123,20 +129,20 @@ def attempt_target(url: str, policy: UrlPolicy) -> AttemptTarget:
     )
 
 
-def needs_lookup(url: str, policy: UrlPolicy) -> bool:
-    """Whether `attempt_target` would resolve a name (a blocking DNS lookup) for this URL; a
-    caller on an event loop runs it off the loop then. False for a URL it refuses outright."""
+def lookup_name(url: str, policy: UrlPolicy) -> tuple[str, int] | None:
+    """The (name, port) `attempt_target` needs looked up for this URL; None when it needs no
+    lookup (an address literal, the local exception, or a URL it refuses outright)."""
     try:
-        _, hostname = _parse(url, policy)
+        parts, hostname = _parse(url, policy)
     except AddressRefused:
-        return False
+        return None
     if _is_local_exception(hostname, policy):
-        return False
+        return None
     try:
         ipaddress.ip_address(hostname)
     except ValueError:
-        return True
-    return False
+        return hostname, parts.port or _default_port(parts.scheme)
+    return None
 
 
 def is_public_address(address: IpAddress) -> bool:

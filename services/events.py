@@ -2,15 +2,15 @@
 
 `publish_event` writes the event and one delivery per receiving endpoint in the caller's database
 transaction, so an event exists exactly when what caused it was committed. It sends nothing and
-touches no queue: it notes the endpoints to wake in the session, and `workers.dispatch` enqueues
-their jobs once that transaction has committed (and only then). If Redis is down at that moment
-the deliveries are still in the database, due, and the worker's sweeper finds them.
+touches no queue: the delivery loop of every worker finds the new deliveries due in the
+database, woken by the NOTIFY that `services.wakeups` sends once that transaction has committed
+(and only then), or by its own poll a second later if that is lost.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -27,8 +27,6 @@ from services.errors import ValidationFailed
 from services.wakeups import note_published
 
 API_VERSION = "1"
-# session.info key under which endpoints to wake after commit are collected.
-WAKE_AFTER_COMMIT = "webhook_endpoints_to_wake"
 
 
 @dataclass(frozen=True)
@@ -95,7 +93,6 @@ def publish_event(
         )
         .all()
     )
-    _wake_after_commit(row.endpoint_id for row in delivered)
     note_published(brand_id)
     return PublishedEvent(event=event, delivery_ids=[row.id for row in delivered])
 
@@ -118,12 +115,6 @@ def event_body_around(
     head += _dumps(before)[:-1] + ("," if before else "")
     tail = ("," if after else "") + _dumps(after)[1:] + "}"
     return head, tail
-
-
-def wake_after_commit(endpoint_ids: Iterable[str]) -> None:
-    """Note the endpoints whose drain `workers.dispatch` queues once the transaction commits
-    (for a statement that wrote deliveries itself, with `PUBLISH_CTES`)."""
-    _wake_after_commit(endpoint_ids)
 
 
 def deliver_again(
@@ -156,14 +147,8 @@ def deliver_again(
                 for delivery_id, (event_id, event_name) in zip(delivery_ids, events, strict=True)
             ],
         )
-        _wake_after_commit([endpoint_id])
         note_published(brand_id)
     return delivery_ids
-
-
-def _wake_after_commit(endpoint_ids: Iterable[str]) -> None:
-    """Note the endpoints whose drain `workers.dispatch` queues once the transaction commits."""
-    db.session.info.setdefault(WAKE_AFTER_COMMIT, set()).update(endpoint_ids)
 
 
 def _envelope(event_id: str, name: str, brand_id: str, now: datetime) -> dict:

@@ -34,7 +34,7 @@ from models.tracked_link import CONVERSION_COUNT_SLOTS
 from models.webhook_delivery import PENDING
 from schemas.conversions import ConversionSchema
 from services.errors import Conflict
-from services.events import PUBLISH_CTES, event_body_around, wake_after_commit
+from services.events import PUBLISH_CTES, event_body_around
 from services.failpoints import failpoint
 from services.psycopg_direct import fetch_first_on_psycopg, psycopg_sql
 from services.wakeups import note_published
@@ -174,8 +174,7 @@ def _record_in_one_statement(
         return PostbackOutcome(
             conversion=_stored(conversion.brand_id, conversion.idempotency_key), replay=True
         )
-    conversion.link_id, conversion.campaign_id, conversion.deal_id, endpoint_ids = recorded
-    wake_after_commit(endpoint_ids)
+    conversion.link_id, conversion.campaign_id, conversion.deal_id, _endpoints = recorded
     note_published(conversion.brand_id)
     # The last moment before the caller commits: the key, the conversion, the counters and the
     # event are all written and none is visible yet. Tests crash or hang a server here.

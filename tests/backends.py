@@ -27,7 +27,7 @@ from typing import Protocol
 import psycopg
 import redis
 
-from workers.dispatch import drain_requester
+from services.wakeups import notifier
 from workers.embedded_postgres import EmbeddedPostgres
 from workers.embedded_redis import EmbeddedRedis
 
@@ -57,9 +57,8 @@ class Backends:
     _cleanups: list = field(default_factory=list)
 
     def close(self) -> None:
-        # Wakes this process still holds go out first: sent after the Redis db was emptied,
-        # they would leave keys in it for the next run to find.
-        drain_requester().flush(timeout=10)
+        # Wake-ups this process still holds go out first, while their database exists.
+        notifier().flush(timeout=10)
         for cleanup in reversed(self._cleanups):
             with suppress(Exception):
                 cleanup()

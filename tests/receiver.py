@@ -59,6 +59,8 @@ class Receiver:
         self.default = Reply()
         self.in_flight = 0
         self.max_in_flight = 0
+        # Delivery ids whose answer was written in full, in order.
+        self.answered: list[str] = []
         self.trickles_finished = 0
         self._script: deque[Reply] = deque()
         self._lock = threading.Condition()
@@ -105,10 +107,12 @@ class Receiver:
             self._lock.notify_all()
             return self._script.popleft() if self._script else self.default
 
-    def _answered(self, *, trickled: bool) -> None:
+    def _answered(self, *, trickled: bool, delivery_id: str | None) -> None:
         with self._lock:
             self.in_flight -= 1
             self.trickles_finished += trickled
+            if delivery_id is not None:
+                self.answered.append(delivery_id)
             self._lock.notify_all()
 
     def _verify(self, headers: dict[str, str], body: bytes) -> bool:
@@ -152,6 +156,7 @@ class _Handler(BaseHTTPRequestHandler):
             )
         )
         trickled = False
+        answered = None
         try:
             if reply.hold is not None:
                 reply.hold.wait(30)
@@ -167,10 +172,12 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self.end_headers()
                 self.wfile.write(reply.body)
+            self.wfile.flush()
+            answered = headers.get("X-Service-Delivery")
         except (BrokenPipeError, ConnectionResetError):
             pass  # the worker gave up waiting (timeout tests)
         finally:
-            receiver._answered(trickled=trickled)
+            receiver._answered(trickled=trickled, delivery_id=answered)
 
     def _trickle(self, reply: Reply) -> None:
         self._headers_buffer.append(b"\r\n")

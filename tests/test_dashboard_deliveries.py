@@ -3,7 +3,7 @@ them, rows that refresh while pending and stop once settled, a delivery's payloa
 attempts, and redeliver with its scope and CSRF rules (SPEC section 4, CONTRACT 4, 6 and 7).
 
 Data is made through the services: endpoints by register_endpoint, deliveries by publish_event,
-and attempts by the worker's own claim_due_deliveries + record_attempt (the last test runs a
+and attempts by the worker's own claim_attempts + record_attempts (the last test runs a
 real worker against a real receiver).
 """
 
@@ -15,7 +15,7 @@ import re
 import time
 from datetime import timedelta
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from extensions import db
 from models import WebhookDelivery
@@ -23,9 +23,8 @@ from models.columns import utcnow
 from services.delivery_attempts import (
     AttemptOutcome,
     RetryPolicy,
-    claim_due_deliveries,
-    record_attempt,
-    release_deliveries,
+    claim_attempts,
+    record_attempts,
 )
 from services.events import publish_event
 from services.signing import delivery_headers
@@ -87,24 +86,20 @@ def _attempt(
     )
     with app.test_request_context():
         now = utcnow() + timedelta(minutes=minutes)
-        claim = claim_due_deliveries(
-            {endpoint_id: 100},
-            endpoint_limit=100,
-            lease=timedelta(minutes=1),
-            now=now,
-            owner="0000test",
-        )[endpoint_id]
-        assert claim.deliveries, "nothing due"
-        for claimed in claim.deliveries:
-            if claimed.id not in replies:
+        claimed = claim_attempts(slots=100, endpoint_limit=100, token="0000test", now=now)
+        attempts = [a for a in claimed.attempts if a.endpoint_id == endpoint_id]
+        assert attempts, "nothing due"
+        results = []
+        for attempt in attempts:
+            if attempt.delivery_id not in replies:
                 continue
-            status, body, error = replies[claimed.id]
+            status, body, error = replies[attempt.delivery_id]
             headers = delivery_headers(
                 secret="whsec_not_a_real_secret",
                 timestamp=int(now.timestamp()),
-                raw_body=claimed.body,
-                event_name=claimed.event_name,
-                delivery_id=claimed.id,
+                raw_body=attempt.body,
+                event_name=attempt.event_name,
+                delivery_id=attempt.delivery_id,
             )
             outcome = AttemptOutcome(
                 requested_at=now,
@@ -114,8 +109,15 @@ def _attempt(
                 error=error,
                 response_body=body,
             )
-            record_attempt(claim, claimed, outcome, policy=policy, now=now)
-        release_deliveries(claim, [d.id for d in claim.deliveries if d.id not in replies])
+            results.append((attempt, outcome))
+        assert all(record_attempts(results, policy=policy))
+        # The others were not attempted: due as before, held by nobody.
+        db.session.execute(
+            update(WebhookDelivery)
+            .where(WebhookDelivery.lease_token == "0000test")
+            .values(lease_token=None, leased_until=None)
+        )
+        db.session.commit()
 
 
 def _deliver(app, endpoint_id: str, *ids: str) -> None:

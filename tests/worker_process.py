@@ -33,7 +33,7 @@ class WorkerProcess:
             cwd=ROOT,
             stdout=self.log,
             stderr=subprocess.STDOUT,
-            # Its own process group: the worker forks RQ's scheduler, and kill() ends both.
+            # Its own process group: kill() ends it and anything it started.
             start_new_session=True,
         )
 
@@ -42,8 +42,8 @@ class WorkerProcess:
         return self.process.pid
 
     def kill(self) -> None:
-        """SIGKILL to the worker and its scheduler: no cleanup of any kind, as when the machine
-        dies."""
+        """SIGKILL to the worker and its process group: no cleanup of any kind, as when the
+        machine dies."""
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait(10)

@@ -1,39 +1,49 @@
-"""`flask --app app worker [--burst]`: an RQ worker with its scheduler (CONTRACT section 2), the
-process's delivery engine that its jobs hand endpoints to (workers/engine.py), and the retention
-purge its sweeper starts (workers/retention.py)."""
+"""`flask --app app worker [--burst]`: the process's delivery loop (workers/delivery_loop.py),
+which needs only PostgreSQL, beside an RQ worker for the work that is a job (the retention
+purge, workers/retention.py) and the maintenance its tick runs (workers/maintenance.py).
+
+Redis down stops only RQ's part: the worker tries it again every few seconds while deliveries
+go on, and SIGTERM or Ctrl-C stops either way: the attempts in flight finish and are recorded.
+"""
 
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 import time
 
 import click
-from flask import current_app
+import redis
+from flask import Flask, current_app
 from flask.cli import with_appcontext
 from rq import SimpleWorker
 
 from extensions import db
 from workers.connection import QUEUES, redis_connection
-from workers.engine import engine_for, stop_engine
+from workers.delivery_loop import start_delivery_loop, stop_delivery_loop
+from workers.maintenance import run_maintenance
 from workers.retention import stop_purge
-from workers.sweeper import sweep
 
 log = logging.getLogger("brand_api.webhooks")
+
+# While Redis is unreachable, RQ's part is started again after this long (at most).
+REDIS_RETRY_MAX_SECONDS = 10.0
 
 
 class DeliveryWorker(SimpleWorker):
     """SimpleWorker runs jobs in this process, inside the app context the command opened: no
-    fork per job (about 16 jobs/s with the forking worker here, 200+ without), and the app, its
-    connection pool and its HTTP session are built once.
+    fork per job, and the app and its connection pool are built once.
 
-    RQ's maintenance tick runs the sweeper every `sweep_interval` and RQ's own registry
-    cleaning at RQ's pace; the dequeue wait is cut to the sweep interval so that an idle worker
-    still ticks on time.
+    RQ's maintenance tick runs ours every `sweep_interval` and RQ's own registry cleaning at
+    RQ's pace; the dequeue wait is cut to the interval so that an idle worker still ticks.
     """
 
-    def __init__(self, *args, sweep_interval: float, **kwargs) -> None:
+    def __init__(self, *args, app: Flask, sweep_interval: float, **kwargs) -> None:
+        self.app = app
         self.sweep_interval = sweep_interval  # read by dequeue_timeout during __init__
-        self._swept_at: float | None = None
+        self.stop_asked = threading.Event()
+        self._maintained_at: float | None = None
         super().__init__(*args, **kwargs)
 
     @property
@@ -42,46 +52,80 @@ class DeliveryWorker(SimpleWorker):
 
     @property
     def should_run_maintenance_tasks(self) -> bool:
-        sweep_due = self._swept_at is None or (
-            time.monotonic() - self._swept_at >= self.sweep_interval
+        due = self._maintained_at is None or (
+            time.monotonic() - self._maintained_at >= self.sweep_interval
         )
-        return sweep_due or super().should_run_maintenance_tasks
+        return due or super().should_run_maintenance_tasks
 
     def run_maintenance_tasks(self) -> None:
         if super().should_run_maintenance_tasks:
             super().run_maintenance_tasks()
-        self._swept_at = time.monotonic()
+        self._maintained_at = time.monotonic()
         try:
-            sweep(current_app._get_current_object())
+            run_maintenance(self.app)
         except Exception:
-            # A database or Redis outage must not stop the worker; the next tick sweeps again.
-            log.exception("webhook sweep failed")
+            # A database or Redis outage must not stop the worker; the next tick tries again.
+            log.warning("worker maintenance failed; trying again next tick", exc_info=True)
             db.session.rollback()
+
+    def request_stop(self, signum, frame):
+        self.stop_asked.set()
+        stop_purge()
+        super().request_stop(signum, frame)
 
 
 @click.command("worker")
-@click.option("--burst", is_flag=True, help="Work until the queues are empty, then exit.")
+@click.option("--burst", is_flag=True, help="Deliver what is due and run queued jobs, then exit.")
 @with_appcontext
 def worker_command(burst: bool) -> None:
-    """Run an RQ worker (with its scheduler and the delivery sweeper) on the service's queues."""
-    connection = redis_connection(current_app)
+    """Deliver webhooks, and run the service's RQ jobs and maintenance."""
+    app = current_app._get_current_object()
+    connection = redis_connection(app)
     if connection is None:
         raise click.ClickException("REDIS_URL is not set; start Redis or use `make run`")
-    app = current_app._get_current_object()
     settings = app.extensions["settings"]
     worker = DeliveryWorker(
-        list(QUEUES), connection=connection, sweep_interval=settings.webhook_sweep_interval
+        list(QUEUES), connection=connection, app=app, sweep_interval=settings.webhook_sweep_interval
     )
-    engine = engine_for(app)
+    loop = start_delivery_loop(app)
     try:
-        worker.work(burst=burst, with_scheduler=True)
+        _work(worker, burst)
         if burst:
-            # The queue is empty; the attempts its jobs started are not over yet.
-            while not engine.idle():
+            # The queue is empty; the deliveries due may still be going out.
+            while not loop.idle() and not worker.stop_asked.is_set():
                 time.sleep(0.05)
     finally:
-        # A warm shutdown (SIGTERM) ends here too: every attempt in flight ends within the
-        # timeout, and what was claimed but not started goes back. A purge stops between two
-        # of its batches.
-        stop_engine(grace=settings.webhook_timeout + 1)
-        stop_purge(timeout=settings.webhook_timeout + 1)
+        # SIGTERM ends here too: every attempt in flight ends within the timeout and is
+        # recorded. A purge stops between two of its batches.
+        stop_purge()
+        stop_delivery_loop(grace=settings.webhook_timeout + 2)
+
+
+def _work(worker: DeliveryWorker, burst: bool) -> None:
+    """RQ's loop, started again while Redis is unreachable, until a stop is asked (or, in
+    burst mode, the queue is empty)."""
+
+    def stop_while_waiting(signum, frame) -> None:
+        worker.stop_asked.set()
+
+    pause = 1.0
+    warned = False
+    while not worker.stop_asked.is_set():
+        signal.signal(signal.SIGTERM, stop_while_waiting)
+        signal.signal(signal.SIGINT, stop_while_waiting)
+        try:
+            worker.work(burst=burst)  # installs RQ's own signal handlers
+            if burst:
+                return
+            pause = 1.0
+        except redis.RedisError as error:
+            if not warned:
+                log.warning(
+                    "Redis is unreachable (%s): RQ jobs wait, deliveries go on; retrying",
+                    type(error).__name__,
+                )
+                warned = True
+        else:
+            warned = False
+        worker.stop_asked.wait(pause)
+        pause = min(pause * 2, REDIS_RETRY_MAX_SECONDS)

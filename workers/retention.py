@@ -1,6 +1,7 @@
-"""The retention purge in a worker (services/retention.py): started by the sweeper's tick at most
-once per PURGE_INTERVAL across all workers, and run in a thread of its own, so that the worker
-keeps taking jobs while a large purge runs (a million rows take minutes; docs/benchmarks.md)."""
+"""The retention purge (services/retention.py) as an RQ job: queued by a worker's maintenance
+at most once per PURGE_INTERVAL across all workers, and run by whichever worker takes it, on
+its job thread, while the delivery loop goes on beside it (a million rows take minutes;
+docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -9,62 +10,74 @@ import threading
 from dataclasses import asdict
 from datetime import timedelta
 
+import redis
 from flask import Flask
+from rq import Queue
 
 from extensions import db
 from models.columns import utcnow
 from observability.metrics import RETENTION_DELETED, count_backing_service_error
 from services.retention import delete_expired_deliveries, retention_period
-from workers.connection import redis_connection
+from workers.connection import QUEUES, redis_connection
 
 log = logging.getLogger("brand_api.webhooks")
 PURGE_GATE = "brand-api:retention-gate"
+PURGE_JOB = "workers.retention.purge_expired"
+PURGE_JOB_ID = "retention-purge"
 # What ages past the cutoff meanwhile is a few minutes of deliveries: small batches, soon done.
 PURGE_INTERVAL = timedelta(minutes=5)
+# A purge stops between batches when its worker is asked to stop; this bounds one regardless.
+PURGE_JOB_TIMEOUT_SECONDS = 3600
 
-_thread: threading.Thread | None = None
 _stopping = threading.Event()
 
 
-def purge_if_due(app: Flask) -> bool:
-    """Start a purge in a thread unless one runs in this process or any worker started one
-    within PURGE_INTERVAL (a Redis key); whether it started. Two purges never overlap anyway:
-    the service holds an advisory lock."""
-    global _thread  # one purge thread per worker process
-    if _thread is not None and _thread.is_alive():
-        return False
+def queue_purge_if_due(app: Flask) -> bool:
+    """Queue a purge unless any worker queued one within PURGE_INTERVAL (a Redis key); whether
+    it did. Two purges never overlap anyway: the service holds an advisory lock."""
     connection = redis_connection(app)
     interval_ms = int(PURGE_INTERVAL.total_seconds() * 1000)
-    if connection is None or not connection.set(PURGE_GATE, 1, nx=True, px=interval_ms):
+    try:
+        if connection is None or not connection.set(PURGE_GATE, 1, nx=True, px=interval_ms):
+            return False
+        Queue(QUEUES[0], connection=connection).enqueue(
+            PURGE_JOB,
+            job_id=PURGE_JOB_ID,
+            job_timeout=PURGE_JOB_TIMEOUT_SECONDS,
+            result_ttl=0,
+            failure_ttl=86400,
+            description="delete deliveries, attempts and events past the retention",
+        )
+    except redis.RedisError as error:
+        count_backing_service_error("redis", "retention")
+        log.warning("could not queue the retention purge: %s", type(error).__name__)
         return False
-    _stopping.clear()
-    _thread = threading.Thread(target=_purge, args=(app,), name="retention-purge", daemon=True)
-    _thread.start()
     return True
 
 
-def stop_purge(timeout: float) -> None:
-    """Ask a running purge to stop after its current batch, and wait for it that long."""
+def stop_purge() -> None:
+    """Ask a running purge to stop after its current batch (its worker is stopping)."""
     _stopping.set()
-    if _thread is not None:
-        _thread.join(timeout)
 
 
-def _purge(app: Flask) -> None:
-    with app.app_context():
-        try:
-            with db.engine.connect() as connection:
-                purged = delete_expired_deliveries(
-                    connection,
-                    now=utcnow(),
-                    retention=retention_period(),
-                    keep_going=lambda: not _stopping.is_set(),
-                )
-            for table in ("deliveries", "attempts", "events"):
-                RETENTION_DELETED.labels(table=table).inc(getattr(purged, table))
-            if purged.deliveries or purged.events:
-                log.info("retention purge deleted %s", asdict(purged), extra=asdict(purged))
-        except Exception:
-            # A database outage ends this purge; the next interval starts another.
-            count_backing_service_error("database", "retention")
-            log.exception("retention purge failed")
+def purge_expired() -> None:
+    """The job: delete what is past the retention, a batch at a time, until done or asked to
+    stop (the next interval's purge takes up the rest)."""
+    _stopping.clear()
+    try:
+        with db.engine.connect() as connection:
+            purged = delete_expired_deliveries(
+                connection,
+                now=utcnow(),
+                retention=retention_period(),
+                keep_going=lambda: not _stopping.is_set(),
+            )
+    except Exception:
+        # A database outage ends this purge; the next interval starts another.
+        count_backing_service_error("database", "retention")
+        log.exception("retention purge failed")
+        return
+    for table in ("deliveries", "attempts", "events"):
+        RETENTION_DELETED.labels(table=table).inc(getattr(purged, table))
+    if purged.deliveries or purged.events:
+        log.info("retention purge deleted %s", asdict(purged), extra=asdict(purged))

@@ -1,11 +1,13 @@
 """One delivery attempt over HTTP: resolve and check the receiver's address, connect to exactly
 that address, post the signed body, and report what happened in words a brand can act on.
 
-Attempts run on the delivery engine's asyncio loop (workers/engine.py) over one aiohttp
+Attempts run on the delivery loop's asyncio loop (workers/delivery_loop.py) over one aiohttp
 session per worker process, which keeps connections to each receiver alive between attempts (a
 TLS handshake per delivery would cost more than the delivery). `WEBHOOK_TIMEOUT` bounds the
 whole attempt on the wall clock, name lookup, connect, sending, the answer's headers and its
-body alike: a receiver that trickles a byte a second cannot hold an attempt past it.
+body alike: a receiver that trickles a byte a second cannot hold an attempt past it. Names are
+looked up on the loop too (c-ares), each under a deadline of its own, so a brand whose DNS is
+slow holds only its own attempts.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import errno
+import ipaddress
+import socket
 import ssl
 import time
-from concurrent.futures import Executor
 from datetime import UTC, datetime
 from types import SimpleNamespace
 
@@ -24,7 +27,7 @@ import aiohttp
 from models.columns import utcnow
 from models.webhook_delivery import RESPONSE_BODY_MAX_BYTES
 from services.delivery_attempts import RETRY_AFTER_MAX_SECONDS, AttemptOutcome
-from services.endpoint_urls import AddressRefused, UrlPolicy, attempt_target, needs_lookup
+from services.endpoint_urls import AddressRefused, UrlPolicy, attempt_target, lookup_name
 from services.signing import delivery_headers
 
 # Receivers that may ask for a later retry (CONTRACT 8.6).
@@ -32,6 +35,8 @@ _RETRY_AFTER_STATUSES = (429, 503)
 _GONE = 410
 # A kept-alive connection idle this long is closed (receivers commonly close after 60 s).
 KEEPALIVE_SECONDS = 30.0
+# A name lookup's own deadline, within the attempt's.
+LOOKUP_TIMEOUT_SECONDS = 5.0
 
 
 class Transport:
@@ -43,12 +48,18 @@ class Transport:
         *,
         policy: UrlPolicy,
         timeout: float,
-        lookups: Executor | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        nameservers: list[str] | None = None,
     ) -> None:
         self.policy = policy
         self.timeout = timeout
-        self._lookups = lookups
+        self.lookup_timeout = min(timeout, LOOKUP_TIMEOUT_SECONDS)
+        # Each attempt asks anew (no cache: CONTRACT 6.3 checks the address at every attempt).
+        self._resolver = (
+            aiohttp.AsyncResolver(nameservers=nameservers)
+            if nameservers
+            else aiohttp.AsyncResolver()
+        )
         self._ssl = ssl_context or ssl.create_default_context()
         tracing = aiohttp.TraceConfig()
         tracing.on_connection_create_end.append(_connected)
@@ -74,6 +85,7 @@ class Transport:
 
     async def close(self) -> None:
         await self._session.close()
+        await self._resolver.close()
 
     async def send_attempt(
         self,
@@ -119,13 +131,14 @@ class Transport:
             )
 
     async def _post(self, url, body, headers, requested_at, started, progress) -> AttemptOutcome:
-        if needs_lookup(url, self.policy):
-            progress.phase = "looking up the receiver's address"
-            loop = asyncio.get_running_loop()
-            target = await loop.run_in_executor(self._lookups, attempt_target, url, self.policy)
-            progress.phase = "connecting"
-        else:
+        name = lookup_name(url, self.policy)
+        if name is None:
             target = attempt_target(url, self.policy)
+        else:
+            progress.phase = "looking up the receiver's address"
+            addresses = await self._look_up(*name)
+            target = attempt_target(url, self.policy, addresses)
+            progress.phase = "connecting"
         async with self._session.post(
             target.url,
             data=body,
@@ -141,6 +154,21 @@ class Transport:
                 # Unread bytes are left on the connection: it must not serve another attempt.
                 response.close()
         return _judge(response, response_body, requested_at, started, headers)
+
+    async def _look_up(
+        self, host: str, port: int
+    ) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+        try:
+            async with asyncio.timeout(self.lookup_timeout):
+                found = await self._resolver.resolve(host, port, family=socket.AF_UNSPEC)
+        except TimeoutError:
+            raise AddressRefused(
+                f"Timed out after {self.lookup_timeout:g}s looking up the receiver's address"
+            ) from None
+        except OSError as error:
+            raise AddressRefused(f"Could not resolve {host}: {error.strerror}") from None
+        # The zone of a scoped IPv6 address (fe80::1%eth0) is irrelevant to the check.
+        return [ipaddress.ip_address(result["host"].split("%", 1)[0]) for result in found]
 
 
 def _judge(response, response_body, requested_at, started, headers) -> AttemptOutcome:

@@ -1,0 +1,379 @@
+"""The faults of an ordinary week under steady load (see bench/README.md, "Chaos").
+
+Conversion postbacks go through the API (gunicorn, as `make run` serves it) at a steady rate to
+a brand with 8 endpoints, each postback fanning out as `conversion.recorded` to all 8, while one
+`flask worker` delivers to an asyncio receiver. Each scenario then breaks one thing:
+
+  receiver-500-then-200   the receiver answers 500 for 20 s
+  receiver-hang-then-200  the receiver never answers for 20 s
+  worker-kill-9           the worker is SIGKILLed, and started again 2 s later
+  worker-sigterm          the worker is stopped with SIGTERM, and started again 2 s later
+  postgres-restart        PostgreSQL stops for 3 s (every connection cut), then starts
+  redis-restart           Redis is killed for 10 s, then starts (empty)
+
+and measures, once the fault is over: every postback the API accepted (201) must reach each
+endpoint. Per scenario: events, expected deliveries, delivered, lost, duplicates (a delivery
+the receiver accepted with a 2xx more than once; a retry after a 500 or a timeout is not one)
+and how many of those the fault allows (attempts in flight at a kill -9), and the seconds from
+the fault's end until the whole backlog is delivered.
+Targets: lost 0 everywhere; duplicates only where allowed; recovery within the largest retry
+interval in use plus 10 s.
+
+PostgreSQL and Redis are the run's own (tests/private_servers.py): restarting the machine's
+servers would break everything else on it. Progress goes to stderr; stdout gets one JSON line.
+
+    .venv/bin/python -m bench.chaos            (about 6 minutes; --quick: shorter faults)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.common import (  # noqa: E402
+    BENCH_ENCRYPTION_KEY,
+    HttpRequests,
+    Processes,
+    free_port,
+    log,
+    run_benchmark,
+    start_gunicorn,
+)
+
+ENDPOINTS = 8
+POSTBACKS_PER_SECOND = 20
+RETRY_SCHEDULE = "1,2,4,8,8,8,8,8,8,8,8,8,8,8,8,8"
+WEBHOOK_TIMEOUT = "5"
+MAKE_RUN_GUNICORN = ["--workers", "2", "--threads", "4", "--worker-class", "gthread"]
+SCENARIOS = (
+    "receiver-500-then-200",
+    "receiver-hang-then-200",
+    "worker-kill-9",
+    "worker-sigterm",
+    "postgres-restart",
+    "redis-restart",
+)
+
+_OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+_FAIL = b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 4\r\n\r\nboom"
+
+
+# --------------------------------------------------------------------------------------------
+# The receiver (a separate process): `/_mode?m=ok|500|hang` switches how it answers.
+# --------------------------------------------------------------------------------------------
+
+
+class _Receiver(HttpRequests):
+    mode = "ok"
+    received: dict[str, int] = {}
+    answered_ok: dict[str, int] = {}
+
+    def handle(self, method: bytes, target: str, headers: dict[bytes, bytes]) -> None:
+        if target.startswith("/_mode?m="):
+            _Receiver.mode = target.split("=", 1)[1]
+            self.transport.write(_OK)
+            return
+        if target == "/_stats":
+            body = json.dumps(
+                {"received": _Receiver.received, "ok": _Receiver.answered_ok}
+            ).encode()
+            self.transport.write(
+                b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
+            return
+        delivery_id = headers.get(b"x-service-delivery", b"").decode()
+        _Receiver.received[delivery_id] = _Receiver.received.get(delivery_id, 0) + 1
+        if _Receiver.mode == "hang":
+            return  # never answered: the sender's timeout ends it
+        if _Receiver.mode == "500":
+            self.transport.write(_FAIL)
+            return
+        _Receiver.answered_ok[delivery_id] = _Receiver.answered_ok.get(delivery_id, 0) + 1
+        self.transport.write(_OK)
+
+
+def serve_receiver(port: int) -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(_Receiver, "127.0.0.1", port, backlog=1024)
+        async with server:
+            await server.serve_forever()
+
+    asyncio.run(main())
+
+
+# --------------------------------------------------------------------------------------------
+# The run
+# --------------------------------------------------------------------------------------------
+
+
+def _get(url: str, timeout: float = 10) -> dict | None:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(url, timeout=timeout) as response:
+        body = response.read()
+    return json.loads(body) if body.startswith(b"{") else None
+
+
+class Load:
+    """Postbacks at a steady rate from a thread; counts what the API accepted."""
+
+    def __init__(self, base: str, brand: str, key: str) -> None:
+        self.url = f"{base}/api/v1/brand/{brand}/conversion/record-postback"
+        self.key = key
+        self.accepted = 0
+        self.refused: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        interval = 1 / POSTBACKS_PER_SECOND
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            request = urllib.request.Request(  # noqa: S310 - our own http:// URL
+                self.url,
+                method="POST",
+                data=b'{"eventType": "purchase", "valueMinor": 1000}',
+                headers={
+                    "X-Api-Key": self.key,
+                    "Idempotency-Key": f"chaos-{uuid.uuid4().hex}",
+                    "Content-Type": "application/json",
+                },
+            )
+            try:
+                with self._opener.open(request, timeout=10) as response:
+                    if response.status == 201:
+                        self.accepted += 1
+            except urllib.error.HTTPError as error:
+                self.refused[error.code] = self.refused.get(error.code, 0) + 1
+            except OSError:
+                self.refused[0] = self.refused.get(0, 0) + 1
+            next_at += interval
+            self._stop.wait(max(0.0, next_at - time.monotonic()))
+
+
+def run(workdir: Path, processes: Processes, args) -> dict:
+    from sqlalchemy import func, select
+
+    from app import create_app
+    from extensions import db
+    from models import WebhookDelivery
+    from services.api_keys import create_api_key
+    from services.brands import create_brand
+    from services.endpoint_urls import UrlPolicy
+    from services.webhook_endpoints import register_endpoint
+    from tests.private_servers import PrivatePostgres, PrivateRedis
+
+    postgres, redis_server = PrivatePostgres(), PrivateRedis()
+    try:
+        environ = {
+            "APP_ENV": "test",
+            "DATABASE_URL": postgres.url,
+            "REDIS_URL": redis_server.url,
+            "SECRET_KEY": "bench",
+            "ENCRYPTION_KEY": BENCH_ENCRYPTION_KEY,
+            "PATH": "/usr/bin:/bin",
+        }
+        postgres.migrate(environ)
+        app = create_app(environ)
+        worker_env = {
+            **environ,
+            "WEBHOOK_RETRY_SCHEDULE": RETRY_SCHEDULE,
+            "WEBHOOK_TIMEOUT": WEBHOOK_TIMEOUT,
+        }
+        port = free_port()
+        processes.start(
+            "receiver", [sys.executable, "-m", "bench.chaos", "--receiver", str(port)], environ
+        )
+        receiver = f"http://127.0.0.1:{port}"
+        for _ in range(100):
+            try:
+                _get(f"{receiver}/_stats")
+                break
+            except OSError:
+                time.sleep(0.1)
+        base, _ = start_gunicorn(
+            processes, "gunicorn", "app:create_app()", environ, MAKE_RUN_GUNICORN
+        )
+
+        def start_worker():
+            argv = [sys.executable, "-m", "flask", "--app", "app", "worker"]
+            return processes.start("worker", argv, worker_env)
+
+        worker = start_worker()
+
+        def pending_of(brand: str) -> tuple[int, int]:
+            for _ in range(50):
+                try:
+                    with app.app_context():
+                        total, delivered = db.session.execute(
+                            select(
+                                func.count(),
+                                func.count().filter(WebhookDelivery.status == "delivered"),
+                            ).where(WebhookDelivery.brand_id == brand)
+                        ).one()
+                        db.session.remove()
+                        return total, delivered
+                except Exception:  # the database restarting
+                    with app.app_context():
+                        db.session.remove()
+                        db.engine.dispose()
+                    time.sleep(0.2)
+            raise RuntimeError("the database did not come back")
+
+        def leased_ids(brand: str) -> set[str]:
+            with app.app_context():
+                held = set(
+                    db.session.scalars(
+                        select(WebhookDelivery.id).where(
+                            WebhookDelivery.brand_id == brand,
+                            WebhookDelivery.lease_token.is_not(None),
+                        )
+                    )
+                )
+                db.session.remove()
+            return held
+
+        results = {}
+        fault_seconds = 8 if args.quick else 20
+        for scenario in args.scenarios:
+            with app.app_context():
+                brand = create_brand(name=f"Chaos {scenario}", plan="growth").id
+                key = create_api_key(
+                    brand_id=brand, name="chaos", scopes=("read", "write"), created_by="bench"
+                ).secret
+                for number in range(ENDPOINTS):
+                    register_endpoint(
+                        brand_id=brand,
+                        url=f"{receiver}/{scenario}/{number}",
+                        events=["conversion.recorded"],
+                        policy=UrlPolicy(https_only=False, allow_local=True),
+                    )
+                db.session.commit()
+            log(f"{scenario}: steady load")
+            load = Load(base, brand, key)
+            load.start()
+            time.sleep(5)
+            allowed: set[str] = set()
+            log(f"{scenario}: fault")
+            if scenario.startswith("receiver-"):
+                _get(f"{receiver}/_mode?m={'500' if '500' in scenario else 'hang'}")
+                time.sleep(fault_seconds)
+                _get(f"{receiver}/_mode?m=ok")
+            elif scenario == "worker-kill-9":
+                worker.send_signal(signal.SIGKILL)
+                worker.wait(10)
+                allowed = leased_ids(brand)
+                processes.stop(worker)
+                time.sleep(2)
+                worker = start_worker()
+            elif scenario == "worker-sigterm":
+                worker.send_signal(signal.SIGTERM)
+                worker.wait(30)
+                processes.stop(worker)
+                time.sleep(2)
+                worker = start_worker()
+            elif scenario == "postgres-restart":
+                postgres.stop()
+                time.sleep(3)
+                postgres.start()
+            elif scenario == "redis-restart":
+                redis_server.stop()
+                time.sleep(10 if not args.quick else 5)
+                redis_server.start()
+            fault_over = time.monotonic()
+            log(f"{scenario}: fault over; load goes on 3 s")
+            time.sleep(3)
+            load.stop()
+            expected = load.accepted * ENDPOINTS
+            deadline = time.monotonic() + 120
+            recovered_in = None
+            while time.monotonic() < deadline:
+                total, delivered = pending_of(brand)
+                if delivered >= expected and total == expected:
+                    recovered_in = time.monotonic() - fault_over
+                    break
+                time.sleep(0.2)
+            total, delivered = pending_of(brand)
+            stats = _get(f"{receiver}/_stats")
+            with app.app_context():
+                ids = set(
+                    db.session.scalars(
+                        select(WebhookDelivery.id).where(WebhookDelivery.brand_id == brand)
+                    )
+                )
+                db.session.remove()
+            # A delivery the receiver accepted (answered 2xx) more than once: a duplicate it
+            # must dedupe. A 500 or an unanswered request followed by a 200 is a retry.
+            counts = {k: v for k, v in stats["ok"].items() if k in ids}
+            duplicates = {k for k, v in counts.items() if v > 1}
+            received_ok = set(counts)
+            results[scenario] = {
+                "events": load.accepted,
+                "refused_postbacks": load.refused,
+                "expected_deliveries": expected,
+                "recorded_deliveries": total,
+                "delivered": delivered,
+                "received_ok": len(received_ok),
+                "lost": expected - len(received_ok),
+                "duplicates": sum(counts[k] - 1 for k in duplicates),
+                "duplicates_allowed": len(allowed),
+                "unexpected_duplicates": len(duplicates - allowed),
+                "recovery_seconds": round(recovered_in, 1) if recovered_in is not None else None,
+            }
+            log(f"{scenario}: {results[scenario]}")
+        target = max(int(n) for n in RETRY_SCHEDULE.split(",")) + 10
+        met = all(
+            r["lost"] == 0
+            and r["unexpected_duplicates"] == 0
+            and r["recovery_seconds"] is not None
+            and r["recovery_seconds"] <= target
+            for r in results.values()
+        )
+        return {
+            "postbacks_per_s": POSTBACKS_PER_SECOND,
+            "endpoints": ENDPOINTS,
+            "recovery_target_s": target,
+            "scenarios": results,
+            "targets_met": met,
+        }
+    finally:
+        processes.stop_all()
+        redis_server.close()
+        postgres.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--receiver", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true", help="8-second faults instead of 20")
+    parser.add_argument("--scenarios", nargs="*", default=list(SCENARIOS), choices=SCENARIOS)
+    parser.add_argument("--logs", help="keep the processes' logs in this directory")
+    args = parser.parse_args()
+    if args.receiver:
+        serve_receiver(args.receiver)
+        return
+    run_benchmark("chaos-", lambda workdir, processes: run(workdir, processes, args), args.logs)
+
+
+if __name__ == "__main__":
+    main()

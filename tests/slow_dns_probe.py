@@ -1,0 +1,154 @@
+"""Run by tests/test_delivery_faults.py inside `unshare -rn` (a network namespace of its own,
+where it may add addresses): 20 healthy names and 8 whose DNS answers after 6 s, all sent at
+once through the delivery loop's real `Transport`. Prints one JSON line of outcomes.
+
+The names resolve (through a DNS server of this namespace on 127.0.0.1:53) to 11.0.0.1, a
+public address that exists only here, where an HTTPS receiver with a test CA's certificate
+answers: the address check, the lookup and TLS are the production ones."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from dnslib import QTYPE, RR, A
+from dnslib.server import BaseResolver, DNSServer
+
+from services.endpoint_urls import UrlPolicy
+from workers.transport import Transport
+
+ADDRESS = "11.0.0.1"
+SLOW_SECONDS = 6.0
+
+
+class Resolver(BaseResolver):
+    def resolve(self, request, handler):
+        name = str(request.q.qname).rstrip(".")
+        if name.endswith(".slow.test"):
+            time.sleep(SLOW_SECONDS)
+        reply = request.reply()
+        if request.q.qtype == QTYPE.A:
+            reply.add_answer(RR(request.q.qname, QTYPE.A, rdata=A(ADDRESS), ttl=1))
+        return reply
+
+
+class Ok(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, *args):
+        pass
+
+
+def certificates(workdir: Path) -> tuple[Path, Path]:
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Test CA")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "receivers")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("*.healthy.test"), x509.DNSName("*.slow.test")]
+            ),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    ca_file, cert_file = workdir / "ca.pem", workdir / "receiver.pem"
+    ca_file.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    cert_file.write_bytes(
+        cert.public_bytes(serialization.Encoding.PEM)
+        + key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return ca_file, cert_file
+
+
+async def send_all(ca_file: Path, port: int) -> dict:
+    transport = Transport(
+        policy=UrlPolicy(https_only=True, allow_local=False),
+        timeout=10,
+        ssl_context=ssl.create_default_context(cafile=str(ca_file)),
+        nameservers=["127.0.0.1"],
+    )
+
+    async def one(name: str) -> dict:
+        started = time.monotonic()
+        outcome = await transport.send_attempt(
+            url=f"https://{name}:{port}/hooks",
+            secret="whsec_test",
+            body=b"{}",
+            event_name="deal.completed",
+            delivery_id=f"whd_{name}",
+        )
+        return {
+            "name": name,
+            "status": outcome.http_status,
+            "error": outcome.error,
+            "seconds": time.monotonic() - started,
+        }
+
+    try:
+        slow = [one(f"r{n}.slow.test") for n in range(8)]
+        healthy = [one(f"r{n}.healthy.test") for n in range(20)]
+        results = await asyncio.gather(*slow, *healthy)
+    finally:
+        await transport.close()
+    return {"slow": results[:8], "healthy": results[8:]}
+
+
+def main(workdir: Path) -> None:
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    subprocess.run(["ip", "addr", "add", f"{ADDRESS}/32", "dev", "lo"], check=True)
+    ca_file, cert_file = certificates(workdir)
+    server = ThreadingHTTPServer((ADDRESS, 0), Ok)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert_file)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    dns = DNSServer(Resolver(), port=53, address="127.0.0.1")
+    dns.start_thread()
+    print(json.dumps(asyncio.run(send_all(ca_file, server.server_address[1]))))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
