@@ -10,7 +10,7 @@ from flask import current_app
 from sqlalchemy import func, select, update
 
 from extensions import db
-from models import WebhookEndpoint, credentials
+from models import ApiKey, WebhookEndpoint, credentials
 from models.columns import utcnow
 from models.event_catalog import (
     DEFAULT_SUBSCRIPTION,
@@ -18,6 +18,7 @@ from models.event_catalog import (
     TEST_EVENT,
     supported_events,
 )
+from models.webhook_endpoint import DISABLED_REASON_MAX_LENGTH
 from services.brands import get_brand
 from services.deliveries import fail_pending_deliveries
 from services.endpoint_health import disable_endpoint, enable_endpoint
@@ -28,8 +29,19 @@ from services.secret_box import secret_box
 
 # Every endpoint multiplies each event's deliveries; a brand needing more is worth a word.
 MAX_ENDPOINTS_PER_BRAND = 20
-MANUALLY_DISABLED = "Disabled through update-endpoint"
 TEST_MESSAGE = "Test ping from the Brand API: your endpoint is reachable."
+# Where a person changed an endpoint, in the words its page and its deliveries' errors use.
+FROM_THE_DASHBOARD = "from the dashboard"
+THROUGH_THE_API = "through the API"
+
+
+@dataclass(frozen=True)
+class ChangedBy:
+    """Who changed an endpoint by hand, and where: the key they used (its id) and a place such
+    as FROM_THE_DASHBOARD. A disabled endpoint's reason is written from it."""
+
+    place: str
+    key_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -170,11 +182,13 @@ def update_endpoint(
     events=_UNSET,
     description=_UNSET,
     is_active=_UNSET,
+    changed_by: ChangedBy | None = None,
     now: datetime | None = None,
 ) -> UpdatedEndpoint:
     """Change any of `url`, `events`, `description`, `isActive` (CONTRACT 4 and 10).
     `isActive: true` re-enables a disabled endpoint with a clean failure count; `false` disables
-    it, failing its pending deliveries. An empty or null description removes it.
+    it, failing its pending deliveries, with a reason that says who did it and where
+    (`changed_by`). An empty or null description removes it.
 
     :raise ValidationFailed: a field breaks its rule (an empty request is the schema's to
         refuse, `EndpointUpdateSchema`).
@@ -195,11 +209,30 @@ def update_endpoint(
     if is_active is True:
         enable_endpoint(endpoint.id, now=now)
     elif is_active is False:
-        disable_endpoint(endpoint.id, reason=MANUALLY_DISABLED, now=now)
+        disable_endpoint(endpoint.id, reason=disabled_by_hand(brand_id, changed_by), now=now)
     if is_active is not _UNSET:
         db.session.refresh(endpoint)  # endpoint_health changed the row beneath the session
     dropped = subscription.dropped_events if subscription is not None else []
     return UpdatedEndpoint(record=endpoint, dropped_events=dropped)
+
+
+def disabled_by_hand(brand_id: str, changed_by: ChangedBy | None) -> str:
+    """What a disabled endpoint's page says of it: "Disabled from the dashboard by key “ops”
+    (svc_live_ab12…)", "Disabled through the API by key …". A key names itself by its name and
+    prefix, as the keys page lists it: never its secret."""
+    if changed_by is None:
+        return "Disabled by hand"
+    reason = f"Disabled {changed_by.place}"
+    key = (
+        db.session.scalar(
+            select(ApiKey).where(ApiKey.id == changed_by.key_id, ApiKey.brand_id == brand_id)
+        )
+        if changed_by.key_id
+        else None
+    )
+    if key is not None:
+        reason += f" by key “{key.name}” ({key.key_prefix}…)"
+    return reason[:DISABLED_REASON_MAX_LENGTH]
 
 
 def rotate_signing_secret(

@@ -27,7 +27,12 @@ from models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from services.events import publish_event
 from services.secret_box import secret_box
 from services.signing import delivery_headers, sign
-from services.webhook_endpoints import current_url_policy, register_endpoint
+from services.webhook_endpoints import (
+    THROUGH_THE_API,
+    ChangedBy,
+    current_url_policy,
+    register_endpoint,
+)
 from services.webhook_endpoints import update_endpoint as service_update
 from tests.dashboard import htmx, sign_in
 
@@ -162,7 +167,11 @@ def test_list_shows_each_endpoints_state_and_never_a_secret(app, client, brand, 
             .values(consecutive_failures=4)
         )
         service_update(
-            brand_id=brand, endpoint_id=disabled, policy=current_url_policy(), is_active=False
+            brand_id=brand,
+            endpoint_id=disabled,
+            policy=current_url_policy(),
+            is_active=False,
+            changed_by=ChangedBy(THROUGH_THE_API),
         )
         db.session.commit()
     sign_in(client, read_key)
@@ -178,7 +187,8 @@ def test_list_shows_each_endpoints_state_and_never_a_secret(app, client, brand, 
     assert '<td data-label="Failures in a row">4</td>' in rows[failing]
     assert "3 subscribed" in rows[failing]
     assert "status-disabled" in rows[disabled]
-    assert "Disabled through update-endpoint" in rows[disabled]
+    assert "Disabled through the API" in rows[disabled]
+    assert "update-endpoint" not in rows[disabled]  # a route's name means nothing here
     assert "since <time" in rows[disabled]
     assert healthy_secret not in page
     assert not SIGNING_SECRET.search(page)
@@ -550,12 +560,22 @@ def test_disable_fails_pending_deliveries_and_re_enable_clears_the_failures(
     fragment = _text(response)
     assert "Endpoint disabled; its pending deliveries ended as failed." in fragment
     assert "status-disabled" in fragment
-    assert "Disabled through update-endpoint" in fragment
+    # What the person did, in their words: where, and with which key (its name and prefix).
+    said = f"Disabled from the dashboard by key “test key” ({write_key[:12]}…)"
+    assert said in fragment
+    assert "update-endpoint" not in fragment
     assert ">Re-enable</button>" in fragment
     assert "Send test</button>" not in fragment
     assert 'id="endpoint-deliveries" hx-swap-oob="true"' in fragment
     assert "status-failed" in fragment.split('id="endpoint-deliveries"')[1]
     assert _delivery_statuses(app, endpoint_id) == ["failed"]
+    with app.app_context():
+        last_error = db.session.scalar(
+            select(WebhookDelivery.last_error).where(WebhookDelivery.endpoint_id == endpoint_id)
+        )
+    assert (
+        last_error == f"Endpoint disabled from the dashboard by key “test key” ({write_key[:12]}…)"
+    )
     with app.app_context():
         db.session.execute(
             update(WebhookEndpoint)

@@ -189,9 +189,7 @@ def test_the_first_demo_brand_has_the_readmes_link_code_and_later_ones_their_own
         assert (deal["creatorHandle"], deal["status"]) == ("@tobi.fits", "in_progress")
 
 
-def test_demo_seed_leaves_the_demo_brand_as_it_was_and_names_the_new_one_apart(
-    runner, make_brand
-):
+def test_demo_seed_leaves_the_demo_brand_as_it_was_and_names_the_new_one_apart(runner, make_brand):
     """The README captures `BRAND=$(flask demo brand)` after `make run`, and may run `demo
     seed` on the way: the brand it means, with its keys and plain codes, stays the one."""
     assert runner.invoke(args=["demo", "brand"]).exit_code == 1  # none yet

@@ -54,7 +54,9 @@ from services.signing import (
     TIMESTAMP_HEADER,
 )
 from services.webhook_endpoints import (
+    FROM_THE_DASHBOARD,
     TEST_MESSAGE,
+    ChangedBy,
     current_url_policy,
     delete_endpoint,
     get_endpoint,
@@ -352,6 +354,7 @@ def _set_active(endpoint_id: str, active: bool):
         endpoint_id=endpoint_id,
         policy=current_url_policy(),
         is_active=active,
+        changed_by=ChangedBy(FROM_THE_DASHBOARD, current_caller().key_id),
     )
     db.session.commit()
     if active:
