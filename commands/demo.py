@@ -10,6 +10,7 @@ from flask.cli import AppGroup
 from commands import command_transaction
 from fixtures.demo import database_is_empty, demo_link_code, seed_demo_workspace
 from fixtures.demo_simulation import demo_brand, simulate_step
+from schemas.base import iso_timestamp
 
 demo = AppGroup("demo", help="The demo workspace.")
 
@@ -24,10 +25,12 @@ def seed_command(if_empty: bool) -> None:
     """Create a demo brand with a month of data.
 
     Its campaigns, deals, escrow, links and placements; prints {"brandId", "bootstrapToken",
-    "linkCode"} as JSON (linkCode: a tracked link of a deal in progress, for conversion
-    postbacks). The first demo brand of a database is "Kola Naturals (demo)", the one
-    `demo brand` prints; later ones are "Kola Naturals (demo 2)" and on, with codes of their
-    own (GLOW-TOBI-7K3Q), and leave `demo brand` as it was."""
+    "bootstrapTokenExpiresAt", "linkCode"} as JSON (the token creates any number of keys until
+    it expires; linkCode: a tracked link of a deal in progress, for conversion postbacks).
+
+    The first demo brand of a database is "Kola Naturals (demo)", the one `demo brand` prints;
+    later ones are "Kola Naturals (demo 2)" and on, with codes of their own (GLOW-TOBI-7K3Q),
+    and leave `demo brand` as it was."""
     with command_transaction():
         if if_empty and not database_is_empty():
             return
@@ -37,6 +40,7 @@ def seed_command(if_empty: bool) -> None:
             {
                 "brandId": workspace.brand.id,
                 "bootstrapToken": workspace.bootstrap_token,
+                "bootstrapTokenExpiresAt": iso_timestamp(workspace.bootstrap_token_expires_at),
                 "linkCode": workspace.link_code,
             }
         )

@@ -49,8 +49,10 @@ _EVENT_LIST = "\b\nEVENT_NAME is one of:\n" + "\n".join(f"  {name}" for name in 
     "(whose ids are samples, not records of the brand).",
 )
 def emit_command(brand_id: str, event_name: str, data_json: str | None) -> None:
-    """Publish EVENT_NAME for BRAND_ID to every endpoint of the brand subscribed to it; prints
-    the event id. The deliveries go out when a webhook worker (`flask worker`, or `make run`)
+    """Publish an event, as the platform would.
+
+    EVENT_NAME for BRAND_ID goes to every endpoint of the brand subscribed to it; prints the
+    event id. The deliveries go out when a webhook worker (`flask worker`, or `make run`)
     picks them up."""
     if not is_event_name(event_name):
         raise click.ClickException(
@@ -97,9 +99,11 @@ def emit_command(brand_id: str, event_name: str, data_json: str | None) -> None:
     help="…and before this one (default: now).",
 )
 def recover_command(brand_id: str, endpoint_id: str, since, until) -> None:
-    """Send again every failed delivery of ENDPOINT_ID created in the window, once, in the
-    order they were first created (after a receiver's outage); prints how many were queued.
-    The same as the API's recover and the endpoint page's "Send again what failed"."""
+    """Send again what failed to an endpoint.
+
+    Every failed delivery of ENDPOINT_ID created in the window, once, in the order they were
+    first created (after a receiver's outage); prints how many were queued. The same as the
+    API's recover and the endpoint page's "Send again what failed"."""
     with command_transaction():
         get_brand(brand_id)
         recovered = recover_failed_deliveries(
@@ -128,10 +132,12 @@ def recover_command(brand_id: str, endpoint_id: str, since, until) -> None:
     help="After each batch, rest this many times as long as it took (0: flat out).",
 )
 def purge_expired_command(batch_size: int, rest_ratio: float) -> None:
-    """Delete now what is older than WEBHOOK_RETENTION_DAYS: settled deliveries with their
-    attempts, then events no delivery refers to, a batch per transaction (workers do it every
-    few minutes by themselves). Prints the counts as JSON; `skipped` is true when another
-    purge was running."""
+    """Delete what is older than the retention now.
+
+    Deliveries settled more than WEBHOOK_RETENTION_DAYS ago with their attempts, then events
+    no delivery refers to, a batch per transaction (workers do it every few minutes by
+    themselves). Prints the counts as JSON; `skipped` is true when another purge was
+    running."""
     with db.engine.connect() as connection:
         purged = delete_expired_deliveries(
             connection,

@@ -63,7 +63,9 @@ class DeliveryWorker(SimpleWorker):
 @click.option("--burst", is_flag=True, help="Work until the queues are empty, then exit.")
 @with_appcontext
 def worker_command(burst: bool) -> None:
-    """Run an RQ worker (with its scheduler and the delivery sweeper) on the service's queues."""
+    """Run a webhook delivery worker.
+
+    An RQ worker, with its scheduler and the delivery sweeper, on the service's queues."""
     connection = redis_connection(current_app)
     if connection is None:
         raise click.ClickException("REDIS_URL is not set; start Redis or use `make run`")
