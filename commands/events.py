@@ -30,6 +30,7 @@ from services.retention import (
     delete_expired_deliveries,
     retention_period,
 )
+from services.webhook_endpoints import send_example_event
 from workers.connection import redis_connection
 
 events = AppGroup("events", help="Webhook events.")
@@ -48,20 +49,38 @@ _EVENT_LIST = "\b\nEVENT_NAME is one of:\n" + "\n".join(f"  {name}" for name in 
     help="The event's `data` as a JSON object; default: the catalogue's sample for the event "
     "(whose ids are samples, not records of the brand).",
 )
-def emit_command(brand_id: str, event_name: str, data_json: str | None) -> None:
+@click.option(
+    "--endpoint",
+    "endpoint_id",
+    default=None,
+    help="Send it to this endpoint of the brand alone, whatever it subscribes to (as its "
+    'dashboard page\'s "Send an example event" does).',
+)
+def emit_command(
+    brand_id: str, event_name: str, data_json: str | None, endpoint_id: str | None
+) -> None:
     """Publish an event, as the platform would.
 
-    EVENT_NAME for BRAND_ID goes to every endpoint of the brand subscribed to it; prints the
-    event id. The deliveries go out when a webhook worker (`flask worker`, or `make run`)
-    picks them up."""
+    EVENT_NAME for BRAND_ID goes to every endpoint of the brand subscribed to it, or with
+    --endpoint to that one alone; prints the event id. The deliveries go out when a webhook
+    worker (`flask worker`, or `make run`) picks them up."""
     if not is_event_name(event_name):
         raise click.ClickException(
             f"Unknown event {event_name!r}; one of: {', '.join(EVENT_NAMES)}"
         )
-    data = sample_data(event_name) if data_json is None else _parse_object(data_json)
+    data = None if data_json is None else _parse_object(data_json)
     with command_transaction():
         get_brand(brand_id)  # a clear "no such brand" rather than a foreign-key failure
-        published = publish_event(brand_id=brand_id, name=event_name, data=data)
+        if endpoint_id is not None:
+            published = send_example_event(
+                brand_id=brand_id, endpoint_id=endpoint_id, name=event_name, data=data
+            )
+        else:
+            published = publish_event(
+                brand_id=brand_id,
+                name=event_name,
+                data=sample_data(event_name) if data is None else data,
+            )
     click.echo(published.event.id)
     if data_json is None:
         click.echo(

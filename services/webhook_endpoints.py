@@ -16,6 +16,8 @@ from models.event_catalog import (
     DEFAULT_SUBSCRIPTION,
     EVENT_NAMES,
     TEST_EVENT,
+    is_event_name,
+    sample_data,
     supported_events,
 )
 from models.webhook_endpoint import DISABLED_REASON_MAX_LENGTH
@@ -24,7 +26,7 @@ from services.deliveries import fail_pending_deliveries
 from services.endpoint_health import disable_endpoint, enable_endpoint
 from services.endpoint_urls import UrlPolicy, validate_endpoint_url
 from services.errors import Conflict, NotFound, ValidationFailed
-from services.events import publish_event
+from services.events import PublishedEvent, publish_event
 from services.secret_box import secret_box
 
 # Every endpoint multiplies each event's deliveries; a brand needing more is worth a word.
@@ -293,12 +295,7 @@ def send_test_ping(*, brand_id: str, endpoint_id: str, now: datetime | None = No
 
     :raise NotFound: no such endpoint, or it is disabled (SPEC section 3).
     """
-    endpoint = get_endpoint(brand_id, endpoint_id)
-    if not endpoint.is_active:
-        raise NotFound(
-            f"Webhook endpoint {endpoint_id!r} is disabled; re-enable it with update-endpoint "
-            "before sending a test"
-        )
+    endpoint = _open_endpoint(brand_id, endpoint_id, "sending a test")
     published = publish_event(
         brand_id=brand_id,
         name=TEST_EVENT,
@@ -307,3 +304,47 @@ def send_test_ping(*, brand_id: str, endpoint_id: str, now: datetime | None = No
         now=now,
     )
     return published.delivery_ids[0]
+
+
+def send_example_event(
+    *,
+    brand_id: str,
+    endpoint_id: str,
+    name: str,
+    data: dict | None = None,
+    now: datetime | None = None,
+) -> PublishedEvent:
+    """Publish the event `name` to this endpoint alone, whatever its subscriptions, with the
+    catalogue's sample `data` unless given: a real event, signed and logged like any delivery
+    (Svix's "send example"), so a receiver can be tried on an event before one happens. The
+    sample's ids are samples, not records of the brand.
+
+    :raise NotFound: no such endpoint, or it is disabled.
+    :raise ValidationFailed: `name` is no event, or `data` is not an object.
+    """
+    if not is_event_name(name):
+        raise ValidationFailed(
+            "Unknown event name", {"eventName": [f"Must be one of: {', '.join(EVENT_NAMES)}."]}
+        )
+    endpoint = _open_endpoint(brand_id, endpoint_id, "sending it an event")
+    return publish_event(
+        brand_id=brand_id,
+        name=name,
+        data=sample_data(name) if data is None else data,
+        only_endpoint_ids=[endpoint.id],
+        now=now,
+    )
+
+
+def _open_endpoint(brand_id: str, endpoint_id: str, doing: str) -> WebhookEndpoint:
+    """The endpoint, when it may receive something now.
+
+    :raise NotFound: no such endpoint, or it is disabled (SPEC section 3, for the test ping).
+    """
+    endpoint = get_endpoint(brand_id, endpoint_id)
+    if not endpoint.is_active:
+        raise NotFound(
+            f"Webhook endpoint {endpoint_id!r} is disabled; re-enable it with update-endpoint "
+            f"before {doing}"
+        )
+    return endpoint
