@@ -239,8 +239,8 @@ _LAYOUT_PROBLEMS = """() => {
 _BAD_BREAKS = """() => {
   const sensible = "/?&=_-.:,";
   const tokens = document.querySelectorAll(
-    "main .wrap a, main code.wrap, main .endpoint-title .wrap, main td.delivery-endpoint a, "
-    + "main td.link-url"
+    "main .wrap a, main a.wrap, main code.wrap, main .endpoint-title .wrap, "
+    + "main td.delivery-endpoint a, main td.link-url"
   );
   const bad = [];
   for (const element of tokens) {

@@ -387,7 +387,7 @@ def test_a_pending_delivery_shows_its_payload_and_the_headers_it_will_send(
     token = sign_in(client, read_key)
     page = _text(client.get(f"/dashboard/deliveries/{pending}"))
     assert "Delivery of <code>deal.completed</code>" in page
-    assert f'href="/dashboard/endpoints/{endpoint_id}">{DOWN_URL}</a>' in page
+    assert f'href="/dashboard/endpoints/{endpoint_id}">{DOWN_URL}</a>' in page.replace("<wbr>", "")
     assert "No attempt yet" in page
     assert "This page updates by itself" in page
     region = re.search(r'<div id="delivery-progress"[^>]*>', page).group(0)
