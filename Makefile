@@ -9,8 +9,9 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
 		|| { echo "Python 3.11 or newer is required (found $(PYTHON))" >&2; exit 1; }
+	@echo "Installing the dependencies into $(VENV): the first time downloads them (about 40 s)."
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(BIN)/python scripts/install_dependencies.py
 	touch $(STAMP)
 
 install: $(STAMP)

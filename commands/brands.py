@@ -22,10 +22,10 @@ brands = AppGroup("brands", help="Brand workspaces and their bootstrap tokens.")
 @click.argument("name")
 @click.option("--plan", type=click.Choice(PLANS), default="starter", show_default=True)
 def create_command(name: str, plan: str) -> None:
-    """Create a brand workspace named NAME (1-100 characters); prints its id.
+    """Create a brand named NAME; prints its id.
 
-    It starts with KYB pending and a 30-day subscription period, and no key: issue it a
-    bootstrap token to create the first one.
+    NAME is 1-100 characters. It starts with KYB pending and a 30-day subscription period, and
+    no key: issue it a bootstrap token to create the first one.
     """
     with command_transaction():
         brand = create_brand(name=name, plan=plan)
@@ -54,7 +54,15 @@ def list_command() -> None:
         click.echo("  ".join(cells).rstrip())
 
 
-@brands.command("issue-bootstrap-token")
+@brands.command(
+    "issue-bootstrap-token",
+    help=f"""Issue a bootstrap token; prints it, once.
+
+    The token creates BRAND_ID's API keys (create-key, or the dashboard's "create your first
+    key" page): as many as you like, until it expires, {DEFAULT_TTL_HOURS} hours after it is
+    issued (or --ttl-hours), or `brands revoke-bootstrap-tokens` revokes it. It is stored
+    hashed.""",
+)
 @click.argument("brand_id")
 @click.option(
     "--ttl-hours",
@@ -64,16 +72,12 @@ def list_command() -> None:
     help=f"Hours the token stays valid, 1-{MAX_TTL_HOURS} (30 days).",
 )
 def issue_token_command(brand_id: str, ttl_hours: int) -> None:
-    """Issue a bootstrap token for BRAND_ID; prints it, once.
-
-    The token creates the brand's API keys (create-key, or the dashboard's first-key page)
-    until it expires or `brands revoke-bootstrap-tokens` revokes it; it is stored hashed.
-    """
     with command_transaction():
         issued = issue_bootstrap_token(brand_id=brand_id, ttl_hours=ttl_hours)
     click.echo(issued.token)
     click.echo(
-        f"Shown once; valid until {issued.record.expires_at:%Y-%m-%d %H:%M} UTC or revocation.",
+        f"Shown once; it creates any number of keys until "
+        f"{issued.record.expires_at:%Y-%m-%d %H:%M} UTC, unless revoked.",
         err=True,
     )
 
@@ -81,7 +85,9 @@ def issue_token_command(brand_id: str, ttl_hours: int) -> None:
 @brands.command("revoke-bootstrap-tokens")
 @click.argument("brand_id")
 def revoke_tokens_command(brand_id: str) -> None:
-    """Revoke every valid bootstrap token of a brand; prints how many."""
+    """Revoke a brand's bootstrap tokens.
+
+    Every token of BRAND_ID still valid stops creating keys at once; prints how many."""
     with command_transaction():
         count = revoke_bootstrap_tokens(brand_id=brand_id)
     click.echo(count)

@@ -10,6 +10,7 @@ from flask.cli import AppGroup
 from commands import command_transaction
 from fixtures.demo import database_is_empty, demo_link_code, seed_demo_workspace
 from fixtures.demo_simulation import demo_brand, simulate_step
+from schemas.base import iso_timestamp
 
 demo = AppGroup("demo", help="The demo workspace.")
 
@@ -21,9 +22,15 @@ demo = AppGroup("demo", help="The demo workspace.")
     help="Seed only when there is no brand yet (first run); else print nothing.",
 )
 def seed_command(if_empty: bool) -> None:
-    """Create a demo brand and its month of campaigns, deals, escrow, links and placements;
-    prints {"brandId", "bootstrapToken", "linkCode"} as JSON (linkCode: a tracked link of a
-    deal in progress, for conversion postbacks)."""
+    """Create a demo brand with a month of data.
+
+    Its campaigns, deals, escrow, links and placements; prints {"brandId", "bootstrapToken",
+    "bootstrapTokenExpiresAt", "linkCode"} as JSON (the token creates any number of keys until
+    it expires; linkCode: a tracked link of a deal in progress, for conversion postbacks).
+
+    The first demo brand of a database is "Kola Naturals (demo)", the one `demo brand` prints;
+    later ones are "Kola Naturals (demo 2)" and on, with codes of their own (GLOW-TOBI-7K3Q),
+    and leave `demo brand` as it was."""
     with command_transaction():
         if if_empty and not database_is_empty():
             return
@@ -33,6 +40,7 @@ def seed_command(if_empty: bool) -> None:
             {
                 "brandId": workspace.brand.id,
                 "bootstrapToken": workspace.bootstrap_token,
+                "bootstrapTokenExpiresAt": iso_timestamp(workspace.bootstrap_token_expires_at),
                 "linkCode": workspace.link_code,
             }
         )
@@ -41,8 +49,10 @@ def seed_command(if_empty: bool) -> None:
 
 @demo.command("brand")
 def brand_command() -> None:
-    """Print the id of the demo brand `make run` created (the newest demo brand); its name and a
-    link code for postbacks go to stderr."""
+    """Print the demo brand's id.
+
+    The demo brand is the one `make run` created, "Kola Naturals (demo)", whatever `demo seed`
+    made since. Its name and a link code for postbacks go to stderr."""
     with command_transaction():
         brand = demo_brand()
         link_code = demo_link_code(brand.id)
@@ -56,13 +66,14 @@ def brand_command() -> None:
     "--brand",
     "brand_id",
     default=None,
-    help="The brand to move; default: the newest demo brand.",
+    help="The brand to move; default: the demo brand (`demo brand`).",
 )
 def simulate_command(brand_id: str | None) -> None:
-    """Move the demo workspace one step forward (a placement verified, a deal completed, a
-    budget threshold crossed...); prints {"brandId", "step", "events"} as JSON, and the events
-    reach the brand's endpoints like any platform event. A brand with nothing to move (no
-    active campaign) is an error."""
+    """Move the demo workspace one step forward.
+
+    A placement verified, a deal completed, a budget threshold crossed...; prints {"brandId",
+    "step", "events"} as JSON, and the events reach the brand's endpoints like any platform
+    event. A brand with nothing to move (no active campaign) is an error."""
     with command_transaction():
         step = simulate_step(brand_id=brand_id)
     click.echo(

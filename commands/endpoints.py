@@ -19,8 +19,10 @@ OPERATOR_PREFIX = "Disabled by the service's operators: "
 @click.argument("endpoint_id")
 @click.option("--reason", required=True, help="Shown to the brand with the endpoint.")
 def disable(endpoint_id: str, reason: str) -> None:
-    """Disable an endpoint as the service does: its pending deliveries end `failed` and the
-    brand's other endpoints hear `webhook.endpoint_disabled`. The brand re-enables it."""
+    """Disable an endpoint, as the service does.
+
+    Its pending deliveries end `failed` and the brand's other endpoints hear
+    `webhook.endpoint_disabled`. The brand re-enables it."""
     text = (OPERATOR_PREFIX + " ".join(reason.split()))[:DISABLED_REASON_MAX_LENGTH]
     with command_transaction():
         disabled = disable_endpoint(endpoint_id, reason=text, now=utcnow(), by_service=True)

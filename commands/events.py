@@ -30,6 +30,7 @@ from services.retention import (
     delete_expired_deliveries,
     retention_period,
 )
+from services.webhook_endpoints import send_example_event
 from workers.connection import redis_connection
 
 events = AppGroup("events", help="Webhook events.")
@@ -48,18 +49,38 @@ _EVENT_LIST = "\b\nEVENT_NAME is one of:\n" + "\n".join(f"  {name}" for name in 
     help="The event's `data` as a JSON object; default: the catalogue's sample for the event "
     "(whose ids are samples, not records of the brand).",
 )
-def emit_command(brand_id: str, event_name: str, data_json: str | None) -> None:
-    """Publish EVENT_NAME for BRAND_ID to every endpoint of the brand subscribed to it; prints
-    the event id. The deliveries go out when a webhook worker (`flask worker`, or `make run`)
-    picks them up."""
+@click.option(
+    "--endpoint",
+    "endpoint_id",
+    default=None,
+    help="Send it to this endpoint of the brand alone, whatever it subscribes to (as its "
+    'dashboard page\'s "Send an example event" does).',
+)
+def emit_command(
+    brand_id: str, event_name: str, data_json: str | None, endpoint_id: str | None
+) -> None:
+    """Publish an event, as the platform would.
+
+    EVENT_NAME for BRAND_ID goes to every endpoint of the brand subscribed to it, or with
+    --endpoint to that one alone; prints the event id. The deliveries go out when a webhook
+    worker (`flask worker`, or `make run`) picks them up."""
     if not is_event_name(event_name):
         raise click.ClickException(
             f"Unknown event {event_name!r}; one of: {', '.join(EVENT_NAMES)}"
         )
-    data = sample_data(event_name) if data_json is None else _parse_object(data_json)
+    data = None if data_json is None else _parse_object(data_json)
     with command_transaction():
         get_brand(brand_id)  # a clear "no such brand" rather than a foreign-key failure
-        published = publish_event(brand_id=brand_id, name=event_name, data=data)
+        if endpoint_id is not None:
+            published = send_example_event(
+                brand_id=brand_id, endpoint_id=endpoint_id, name=event_name, data=data
+            )
+        else:
+            published = publish_event(
+                brand_id=brand_id,
+                name=event_name,
+                data=sample_data(event_name) if data is None else data,
+            )
     click.echo(published.event.id)
     if data_json is None:
         click.echo(
@@ -97,9 +118,11 @@ def emit_command(brand_id: str, event_name: str, data_json: str | None) -> None:
     help="…and before this one (default: now).",
 )
 def recover_command(brand_id: str, endpoint_id: str, since, until) -> None:
-    """Send again every failed delivery of ENDPOINT_ID created in the window, once, in the
-    order they were first created (after a receiver's outage); prints how many were queued.
-    The same as the API's recover and the endpoint page's "Send again what failed"."""
+    """Send again what failed to an endpoint.
+
+    Every failed delivery of ENDPOINT_ID created in the window, once, in the order they were
+    first created (after a receiver's outage); prints how many were queued. The same as the
+    API's recover and the endpoint page's "Send again what failed"."""
     with command_transaction():
         get_brand(brand_id)
         recovered = recover_failed_deliveries(
@@ -128,10 +151,12 @@ def recover_command(brand_id: str, endpoint_id: str, since, until) -> None:
     help="After each batch, rest this many times as long as it took (0: flat out).",
 )
 def purge_expired_command(batch_size: int, rest_ratio: float) -> None:
-    """Delete now what is older than WEBHOOK_RETENTION_DAYS: settled deliveries with their
-    attempts, then events no delivery refers to, a batch per transaction (workers do it every
-    few minutes by themselves). Prints the counts as JSON; `skipped` is true when another
-    purge was running."""
+    """Delete what is older than the retention now.
+
+    Deliveries settled more than WEBHOOK_RETENTION_DAYS ago with their attempts, then events
+    no delivery refers to, a batch per transaction (workers do it every few minutes by
+    themselves). Prints the counts as JSON; `skipped` is true when another purge was
+    running."""
     with db.engine.connect() as connection:
         purged = delete_expired_deliveries(
             connection,

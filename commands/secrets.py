@@ -15,7 +15,9 @@ secrets = AppGroup("secrets", help="Signing secrets at rest.")
 
 @secrets.command("reencrypt")
 def reencrypt() -> None:
-    """Re-encrypt every webhook signing secret under the first key of ENCRYPTION_KEY."""
+    """Re-encrypt the signing secrets at rest.
+
+    Every webhook signing secret, under the first key of ENCRYPTION_KEY."""
     result = reencrypt_signing_secrets()
     click.echo(result.endpoints)
     if result.unreadable:

@@ -36,6 +36,7 @@ METADATA_MAX_DEPTH = 8
 # A brand's monthly revenue in kobo is far below this; anything above is a unit mistake.
 VALUE_MINOR_MAX = 10**15
 CONVERSION_ID_EXAMPLE = "conv_01jd3km1n3p5q7r9s1t3v5w7x9"
+LINK_ID_EXAMPLE = "lnk_01jd3kc4d6f8g0h2j4k6m8n0p2"
 
 
 class PostbackHeadersSchema(ApiSchema):
@@ -169,7 +170,21 @@ class PostbackResultSchema(ApiSchema):
     )
     attributed = fields.Boolean(
         attribute="conversion.attributed",
-        metadata={"description": "True when the postback carried a `linkCode` or a `clickId`."},
+        metadata={
+            "description": "True when the postback carried a `linkCode` or a `clickId` "
+            "(SPEC's rule), known or not: `linkId` says whether the code matched a link."
+        },
+    )
+    link_id = fields.String(
+        attribute="conversion.link_id",
+        allow_none=True,
+        metadata={
+            "description": "The tracked link `linkCode` matched, on which the conversion was "
+            "counted; null when `linkCode` was absent or is none of your links' codes. "
+            "`attributed` is true for any code or click id: this field tells a code you know "
+            "from one you do not.",
+            "example": LINK_ID_EXAMPLE,
+        },
     )
     campaign_id = fields.String(
         attribute="conversion.campaign_id",
@@ -224,7 +239,7 @@ class ConversionSchema(ApiSchema):
         metadata={
             "description": "The tracked link it was counted on; null when `linkCode` was absent "
             "or is not one of your links.",
-            "example": "lnk_01jd3kc4d6f8g0h2j4k6m8n0p2",
+            "example": LINK_ID_EXAMPLE,
         },
     )
     campaign_id = fields.String(

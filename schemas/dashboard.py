@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from marshmallow import fields, validate
 
+from models.event_catalog import EVENT_NAMES
 from schemas.api_keys import KeyCreateSchema
-from schemas.base import ResourceId
+from schemas.base import ApiSchema, ResourceId
 
 
 class BootstrapSignInSchema(KeyCreateSchema):
@@ -17,4 +18,14 @@ class BootstrapSignInSchema(KeyCreateSchema):
         validate=validate.Length(min=1, max=200),
         load_only=True,
         metadata={"description": "The bootstrap token support issued (`bst_…`)."},
+    )
+
+
+class ExampleEventSchema(ApiSchema):
+    """An endpoint page's "Send an example event": which event of the catalogue."""
+
+    event_name = fields.String(
+        required=True,
+        validate=validate.OneOf(EVENT_NAMES, error="Not an event: choose one of the list."),
+        metadata={"description": "The event whose sample body is sent."},
     )

@@ -52,6 +52,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,7 @@ sys.path.insert(0, str(REPO))
 
 import config  # noqa: E402 - needs the repo root on sys.path
 from config import EMBEDDED_DATABASE_URL_FILE, EMBEDDED_REDIS_URL_FILE  # noqa: E402
+from services.bootstrap_tokens import DEFAULT_TTL_HOURS  # noqa: E402
 from workers.embedded_postgres import EmbeddedPostgres  # noqa: E402
 from workers.embedded_redis import EmbeddedRedis  # noqa: E402
 
@@ -289,7 +291,8 @@ def seed_demo(env: dict[str, str], port: int) -> None:
     try:
         seeded = json.loads(output)
         brand_id, token, link_code = seeded["brandId"], seeded["bootstrapToken"], seeded["linkCode"]
-    except (ValueError, KeyError, TypeError):
+        expires = datetime.fromisoformat(seeded["bootstrapTokenExpiresAt"].replace("Z", "+00:00"))
+    except (ValueError, KeyError, TypeError, AttributeError):
         raise SetupFailed(f"`demo seed` printed something unexpected: {output[:200]!r}") from None
     curl = (
         f"curl -s -X POST http://127.0.0.1:{port}/api/v1/brand/{brand_id}/api-key/create-key "
@@ -304,8 +307,8 @@ def seed_demo(env: dict[str, str], port: int) -> None:
                 "First run: created the demo brand.",
                 f"  Brand id:        {brand_id}",
                 f"  Bootstrap token: {token}",
-                "  (shown once; it belongs to this machine's demo brand and lets you create",
-                "  its first API key)",
+                "  (shown once; it creates the brand's API keys, as many as you like, for",
+                f"  {DEFAULT_TTL_HOURS} hours: until {expires:%Y-%m-%d %H:%M} UTC)",
                 f"  Link code:       {link_code}  (a tracked link of the brand, for postbacks)",
                 "Create the first API key (once the server below is up):",
                 f"  {curl}",
@@ -336,6 +339,7 @@ def remind_of_the_demo_brand(env: dict[str, str]) -> None:
         return
     say(f"The demo brand is {brand_id} ({result.stderr.strip()}).")
     say(f"Need a bootstrap token for it? {flask} brands issue-bootstrap-token {brand_id}")
+    say(f"  (a token creates any number of keys for {DEFAULT_TTL_HOURS} hours)")
 
 
 # --- the long-running children -----------------------------------------------------------------

@@ -170,7 +170,7 @@ def disable_endpoint(
     ).first()
     if disabled is None:
         return False
-    fail_pending_deliveries(endpoint_id, error=f"Endpoint disabled: {reason}")
+    fail_pending_deliveries(endpoint_id, error=_why_not_sent(reason))
     if by_service:
         _announce(
             ENDPOINT_DISABLED,
@@ -181,6 +181,14 @@ def disable_endpoint(
             now=now,
         )
     return True
+
+
+def _why_not_sent(reason: str) -> str:
+    """The last error of each delivery the disabling ended, in one phrase: "Endpoint disabled
+    from the dashboard by key …", "Endpoint disabled: The receiver answered 410 Gone"."""
+    if reason.startswith("Disabled "):
+        return "Endpoint d" + reason[1:]
+    return f"Endpoint disabled: {reason}"
 
 
 def _announce(

@@ -10,26 +10,40 @@ from flask import current_app
 from sqlalchemy import func, select, update
 
 from extensions import db
-from models import WebhookEndpoint, credentials
+from models import ApiKey, WebhookEndpoint, credentials
 from models.columns import utcnow
 from models.event_catalog import (
     DEFAULT_SUBSCRIPTION,
     EVENT_NAMES,
     TEST_EVENT,
+    is_event_name,
+    sample_data,
     supported_events,
 )
+from models.webhook_endpoint import DISABLED_REASON_MAX_LENGTH
 from services.brands import get_brand
 from services.deliveries import fail_pending_deliveries
 from services.endpoint_health import disable_endpoint, enable_endpoint
 from services.endpoint_urls import UrlPolicy, validate_endpoint_url
 from services.errors import Conflict, NotFound, ValidationFailed
-from services.events import publish_event
+from services.events import PublishedEvent, publish_event
 from services.secret_box import secret_box
 
 # Every endpoint multiplies each event's deliveries; a brand needing more is worth a word.
 MAX_ENDPOINTS_PER_BRAND = 20
-MANUALLY_DISABLED = "Disabled through update-endpoint"
 TEST_MESSAGE = "Test ping from the Brand API: your endpoint is reachable."
+# Where a person changed an endpoint, in the words its page and its deliveries' errors use.
+FROM_THE_DASHBOARD = "from the dashboard"
+THROUGH_THE_API = "through the API"
+
+
+@dataclass(frozen=True)
+class ChangedBy:
+    """Who changed an endpoint by hand, and where: the key they used (its id) and a place such
+    as FROM_THE_DASHBOARD. A disabled endpoint's reason is written from it."""
+
+    place: str
+    key_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -170,11 +184,13 @@ def update_endpoint(
     events=_UNSET,
     description=_UNSET,
     is_active=_UNSET,
+    changed_by: ChangedBy | None = None,
     now: datetime | None = None,
 ) -> UpdatedEndpoint:
     """Change any of `url`, `events`, `description`, `isActive` (CONTRACT 4 and 10).
     `isActive: true` re-enables a disabled endpoint with a clean failure count; `false` disables
-    it, failing its pending deliveries. An empty or null description removes it.
+    it, failing its pending deliveries, with a reason that says who did it and where
+    (`changed_by`). An empty or null description removes it.
 
     :raise ValidationFailed: a field breaks its rule (an empty request is the schema's to
         refuse, `EndpointUpdateSchema`).
@@ -195,11 +211,30 @@ def update_endpoint(
     if is_active is True:
         enable_endpoint(endpoint.id, now=now)
     elif is_active is False:
-        disable_endpoint(endpoint.id, reason=MANUALLY_DISABLED, now=now)
+        disable_endpoint(endpoint.id, reason=disabled_by_hand(brand_id, changed_by), now=now)
     if is_active is not _UNSET:
         db.session.refresh(endpoint)  # endpoint_health changed the row beneath the session
     dropped = subscription.dropped_events if subscription is not None else []
     return UpdatedEndpoint(record=endpoint, dropped_events=dropped)
+
+
+def disabled_by_hand(brand_id: str, changed_by: ChangedBy | None) -> str:
+    """What a disabled endpoint's page says of it: "Disabled from the dashboard by key “ops”
+    (svc_live_ab12…)", "Disabled through the API by key …". A key names itself by its name and
+    prefix, as the keys page lists it: never its secret."""
+    if changed_by is None:
+        return "Disabled by hand"
+    reason = f"Disabled {changed_by.place}"
+    key = (
+        db.session.scalar(
+            select(ApiKey).where(ApiKey.id == changed_by.key_id, ApiKey.brand_id == brand_id)
+        )
+        if changed_by.key_id
+        else None
+    )
+    if key is not None:
+        reason += f" by key “{key.name}” ({key.key_prefix}…)"
+    return reason[:DISABLED_REASON_MAX_LENGTH]
 
 
 def rotate_signing_secret(
@@ -260,12 +295,7 @@ def send_test_ping(*, brand_id: str, endpoint_id: str, now: datetime | None = No
 
     :raise NotFound: no such endpoint, or it is disabled (SPEC section 3).
     """
-    endpoint = get_endpoint(brand_id, endpoint_id)
-    if not endpoint.is_active:
-        raise NotFound(
-            f"Webhook endpoint {endpoint_id!r} is disabled; re-enable it with update-endpoint "
-            "before sending a test"
-        )
+    endpoint = _open_endpoint(brand_id, endpoint_id, "sending a test")
     published = publish_event(
         brand_id=brand_id,
         name=TEST_EVENT,
@@ -274,3 +304,47 @@ def send_test_ping(*, brand_id: str, endpoint_id: str, now: datetime | None = No
         now=now,
     )
     return published.delivery_ids[0]
+
+
+def send_example_event(
+    *,
+    brand_id: str,
+    endpoint_id: str,
+    name: str,
+    data: dict | None = None,
+    now: datetime | None = None,
+) -> PublishedEvent:
+    """Publish the event `name` to this endpoint alone, whatever its subscriptions, with the
+    catalogue's sample `data` unless given: a real event, signed and logged like any delivery
+    (Svix's "send example"), so a receiver can be tried on an event before one happens. The
+    sample's ids are samples, not records of the brand.
+
+    :raise NotFound: no such endpoint, or it is disabled.
+    :raise ValidationFailed: `name` is no event, or `data` is not an object.
+    """
+    if not is_event_name(name):
+        raise ValidationFailed(
+            "Unknown event name", {"eventName": [f"Must be one of: {', '.join(EVENT_NAMES)}."]}
+        )
+    endpoint = _open_endpoint(brand_id, endpoint_id, "sending it an event")
+    return publish_event(
+        brand_id=brand_id,
+        name=name,
+        data=sample_data(name) if data is None else data,
+        only_endpoint_ids=[endpoint.id],
+        now=now,
+    )
+
+
+def _open_endpoint(brand_id: str, endpoint_id: str, doing: str) -> WebhookEndpoint:
+    """The endpoint, when it may receive something now.
+
+    :raise NotFound: no such endpoint, or it is disabled (SPEC section 3, for the test ping).
+    """
+    endpoint = get_endpoint(brand_id, endpoint_id)
+    if not endpoint.is_active:
+        raise NotFound(
+            f"Webhook endpoint {endpoint_id!r} is disabled; re-enable it with update-endpoint "
+            f"before {doing}"
+        )
+    return endpoint

@@ -1,4 +1,4 @@
-// The dashboard's only script besides htmx: copy buttons and error notices. Loaded from
+// The dashboard's only script besides htmx: copy buttons, error notices, tabs, relative times. Loaded from
 // static/ like htmx itself (the CSP allows no inline script).
 (function () {
   "use strict";
@@ -69,6 +69,30 @@
   document.addEventListener("click", function (event) {
     var tab = event.target.closest("[role=tab]");
     if (tab) selectTab(tab);
+  });
+
+  // Relative times ("2 h ago", "in 4 min") beside each absolute one, kept current on a page
+  // left open; the same rules as blueprints/dashboard/formatting.py, which wrote them.
+  var MINUTE = 60, HOUR = 3600, DAY = 86400;
+  function relativeTime(at, now) {
+    var seconds = (at - now) / 1000;
+    var span = Math.abs(seconds);
+    if (span < MINUTE) return seconds <= 0 ? "just now" : "in under a minute";
+    var amount = span < HOUR ? Math.floor(span / MINUTE) + " min"
+      : span < 2 * DAY ? Math.floor(span / HOUR) + " h"
+      : Math.floor(span / DAY) + " d";
+    return seconds < 0 ? amount + " ago" : "in " + amount;
+  }
+  function refreshRelativeTimes() {
+    var now = Date.now();
+    document.querySelectorAll(".ago[data-at]").forEach(function (element) {
+      var at = Date.parse(element.getAttribute("data-at"));
+      if (!isNaN(at)) element.textContent = relativeTime(at, now);
+    });
+  }
+  setInterval(refreshRelativeTimes, 30000);
+  document.addEventListener("visibilitychange", function () {
+    if (!document.hidden) refreshRelativeTimes();
   });
 
   // Checkbox groups (an endpoint's events): [data-check=all|none] buttons tick or clear the

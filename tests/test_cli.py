@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import datetime, timedelta
 
 import pytest
 from sqlalchemy import func, select
@@ -12,7 +13,7 @@ from sqlalchemy import func, select
 from extensions import db
 from models import BootstrapToken, Brand
 from models.columns import utcnow
-from services.bootstrap_tokens import find_valid_bootstrap_token
+from services.bootstrap_tokens import DEFAULT_TTL_HOURS, find_valid_bootstrap_token
 from tests.helpers import assert_success
 
 BRAND_ID = re.compile(r"^brd_[0-9a-z]{26}$")
@@ -139,13 +140,17 @@ def test_revoke_bootstrap_tokens_counts_and_revokes_only_valid_ones(
 def test_demo_seed_prints_a_brand_and_a_working_token(runner, client):
     result = invoke(runner, "demo", "seed")
     seeded = json.loads(result.stdout)
-    assert set(seeded) == {"brandId", "bootstrapToken", "linkCode"}
-    response = client.post(
-        f"/api/v1/brand/{seeded['brandId']}/api-key/create-key",
-        json={"name": "demo"},
-        headers={"X-Service-Bootstrap-Token": seeded["bootstrapToken"]},
-    )
-    assert_success(response, 201)
+    assert set(seeded) == {"brandId", "bootstrapToken", "bootstrapTokenExpiresAt", "linkCode"}
+    expires = datetime.fromisoformat(seeded["bootstrapTokenExpiresAt"].replace("Z", "+00:00"))
+    assert abs(expires - utcnow() - timedelta(hours=DEFAULT_TTL_HOURS)) < timedelta(minutes=1)
+    # The token makes as many keys as wanted until it expires, as make run's banner says.
+    for name in ("demo", "another"):
+        response = client.post(
+            f"/api/v1/brand/{seeded['brandId']}/api-key/create-key",
+            json={"name": name},
+            headers={"X-Service-Bootstrap-Token": seeded["bootstrapToken"]},
+        )
+        assert_success(response, 201)
 
 
 def test_demo_seed_if_empty_seeds_only_the_first_time(runner):
@@ -157,6 +162,28 @@ def test_help_states_the_limits(runner):
     token_help = runner.invoke(args=["brands", "issue-bootstrap-token", "--help"]).output
     assert "1-720 (30 days)" in token_help
     assert "default: 24" in token_help
+    # How long a token lasts, and that it mints more than one key, said where support looks.
+    said = " ".join(token_help.split())
+    assert "as many as you like, until it expires, 24 hours after it is issued" in said
     create_help = runner.invoke(args=["brands", "create", "--help"]).output
     assert "1-100 characters" in create_help
     assert "starter|growth|enterprise" in create_help.replace(" ", "")
+
+
+def _command_summaries(runner, group: list[str]) -> list[str]:
+    """The lines of a group's `--help` listing its commands, as an 80-column terminal shows."""
+    listing = runner.invoke(args=[*group, "--help"], terminal_width=80).output
+    return listing.split("Commands:\n", 1)[1].splitlines()
+
+
+def test_every_commands_one_line_summary_fits_without_being_cut(app, runner):
+    """`flask --app app --help` and each group's list every command with a summary that is
+    whole: Click cuts one that does not fit with "...", mid-sentence."""
+    ours = [["brands"], ["demo"], ["events"], ["endpoints"], ["secrets"]]
+    lines = _command_summaries(runner, [])
+    for group in ours:
+        lines += _command_summaries(runner, group)
+    cut = [line.strip() for line in lines if line.rstrip().endswith("...")]
+    assert cut == []
+    assert any(line.split()[0] == "worker" for line in lines[:20])
+    assert sum(1 for line in lines if line.strip()) >= 17  # every command was listed

@@ -172,8 +172,9 @@ def test_the_log_lists_each_delivery_newest_first(app, client, brand, read_key):
     )
     # The row names the endpoint without the scheme every row would repeat; the title has it all.
     shown = DOWN_URL.removeprefix("http://")
-    shown = shown.replace("/", "/<wbr>")  # it wraps after a slash, not inside a word
-    assert f'href="/dashboard/endpoints/{endpoint_id}" title="{DOWN_URL}">{shown}</a>' in delivered
+    read = delivered.replace("<wbr>", "")
+    assert f'href="/dashboard/endpoints/{endpoint_id}" title="{DOWN_URL}">{shown}</a>' in read
+    assert "9/<wbr>hooks" in delivered  # it wraps after a slash, not inside a word
     assert f'href="/dashboard/deliveries/{first}">Details</a>' in delivered
     # Pending after a failed attempt: shown as retrying, with what failed and when it is next.
     retrying = _row(page, second)
@@ -388,7 +389,7 @@ def test_a_pending_delivery_shows_its_payload_and_the_headers_it_will_send(
     token = sign_in(client, read_key)
     page = _text(client.get(f"/dashboard/deliveries/{pending}"))
     assert "Delivery of <code>deal.completed</code>" in page
-    assert f'href="/dashboard/endpoints/{endpoint_id}">{DOWN_URL}</a>' in page
+    assert f'href="/dashboard/endpoints/{endpoint_id}">{DOWN_URL}</a>' in page.replace("<wbr>", "")
     assert "No attempt yet" in page
     assert "This page updates by itself" in page
     region = re.search(r'<div id="delivery-progress"[^>]*>', page).group(0)

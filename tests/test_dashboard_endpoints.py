@@ -23,11 +23,17 @@ import requests
 from sqlalchemy import func, select, update
 
 from extensions import db
-from models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from models import WebhookAttempt, WebhookDelivery, WebhookEndpoint, WebhookEvent
+from models.event_catalog import sample_data
 from services.events import publish_event
 from services.secret_box import secret_box
 from services.signing import delivery_headers, sign
-from services.webhook_endpoints import current_url_policy, register_endpoint
+from services.webhook_endpoints import (
+    THROUGH_THE_API,
+    ChangedBy,
+    current_url_policy,
+    register_endpoint,
+)
 from services.webhook_endpoints import update_endpoint as service_update
 from tests.dashboard import htmx, sign_in
 
@@ -94,7 +100,8 @@ def _delivery_statuses(app, endpoint_id: str) -> list[str]:
 
 
 def _text(response) -> str:
-    return response.get_data(as_text=True)
+    """The page's HTML, without the <wbr> marks where a long URL may break (not text)."""
+    return response.get_data(as_text=True).replace("<wbr>", "")
 
 
 def _checked_events(page: str) -> set[str]:
@@ -162,7 +169,11 @@ def test_list_shows_each_endpoints_state_and_never_a_secret(app, client, brand, 
             .values(consecutive_failures=4)
         )
         service_update(
-            brand_id=brand, endpoint_id=disabled, policy=current_url_policy(), is_active=False
+            brand_id=brand,
+            endpoint_id=disabled,
+            policy=current_url_policy(),
+            is_active=False,
+            changed_by=ChangedBy(THROUGH_THE_API),
         )
         db.session.commit()
     sign_in(client, read_key)
@@ -178,7 +189,8 @@ def test_list_shows_each_endpoints_state_and_never_a_secret(app, client, brand, 
     assert '<td data-label="Failures in a row">4</td>' in rows[failing]
     assert "3 subscribed" in rows[failing]
     assert "status-disabled" in rows[disabled]
-    assert "Disabled through update-endpoint" in rows[disabled]
+    assert "Disabled through the API" in rows[disabled]
+    assert "update-endpoint" not in rows[disabled]  # a route's name means nothing here
     assert "since <time" in rows[disabled]
     assert healthy_secret not in page
     assert not SIGNING_SECRET.search(page)
@@ -550,12 +562,22 @@ def test_disable_fails_pending_deliveries_and_re_enable_clears_the_failures(
     fragment = _text(response)
     assert "Endpoint disabled; its pending deliveries ended as failed." in fragment
     assert "status-disabled" in fragment
-    assert "Disabled through update-endpoint" in fragment
+    # What the person did, in their words: where, and with which key (its name and prefix).
+    said = f"Disabled from the dashboard by key “test key” ({write_key[:12]}…)"
+    assert said in fragment
+    assert "update-endpoint" not in fragment
     assert ">Re-enable</button>" in fragment
     assert "Send test</button>" not in fragment
     assert 'id="endpoint-deliveries" hx-swap-oob="true"' in fragment
     assert "status-failed" in fragment.split('id="endpoint-deliveries"')[1]
     assert _delivery_statuses(app, endpoint_id) == ["failed"]
+    with app.app_context():
+        last_error = db.session.scalar(
+            select(WebhookDelivery.last_error).where(WebhookDelivery.endpoint_id == endpoint_id)
+        )
+    assert (
+        last_error == f"Endpoint disabled from the dashboard by key “test key” ({write_key[:12]}…)"
+    )
     with app.app_context():
         db.session.execute(
             update(WebhookEndpoint)
@@ -794,6 +816,102 @@ def test_send_test_on_a_disabled_endpoint_is_not_found(app, client, brand, write
     assert response.status_code == 404
     assert "is disabled; re-enable it" in _text(response)
     assert _delivery_statuses(app, endpoint_id) == []
+
+
+def test_send_example_publishes_the_catalogues_sample_to_this_endpoint_alone(
+    app, client, brand, write_key
+):
+    endpoint_id, _ = _register(app, brand, events=["conversion.recorded"])
+    other_id, _ = _register(app, brand, "http://127.0.0.1:9/other", ["deal.completed"])
+    token = sign_in(client, write_key)
+    page = _text(client.get(f"/dashboard/endpoints/{endpoint_id}"))
+    assert "Send an example event" in page
+    assert '<option value="conversion.recorded" selected>' in page  # what it subscribes to
+
+    response = client.post(
+        f"/dashboard/endpoints/{endpoint_id}/send-example",
+        data={"eventName": "deal.completed"},
+        headers=htmx(token),
+    )
+    assert response.status_code == 202
+    fragment = _text(response)
+    delivery_id = re.search(
+        r"queued as delivery <a href=\"/dashboard/deliveries/(whd_\w+)\"", fragment
+    )[1]
+    # The panels it changed come with it: the deliveries and the health figures.
+    assert 'id="endpoint-deliveries" hx-swap-oob="true"' in fragment
+    assert (
+        'id="endpoint-health" aria-labelledby="endpoint-health-title" hx-swap-oob="true"'
+        in fragment
+    )
+    assert "0 delivered · 1 pending · 0 failed" in fragment
+    with app.app_context():
+        delivery = db.session.get(WebhookDelivery, delivery_id)
+        assert (delivery.endpoint_id, delivery.event_name) == (endpoint_id, "deal.completed")
+        body = json.loads(db.session.get(WebhookEvent, delivery.event_id).body)
+        assert body["data"] == sample_data("deal.completed")
+    assert _delivery_statuses(app, other_id) == []  # subscribed, but not the one chosen
+
+    # As a plain form: back to the page, which says so.
+    response = client.post(
+        f"/dashboard/endpoints/{endpoint_id}/send-example",
+        data={"eventName": "escrow.released", "csrf_token": token},
+    )
+    assert response.status_code == 303
+    assert "Example escrow.released queued as delivery whd_" in _text(
+        client.get(response.headers["Location"])
+    )
+
+
+def test_send_example_refuses_what_is_no_event_a_read_key_and_a_disabled_endpoint(
+    app, client, brand, write_key, read_key
+):
+    endpoint_id, _ = _register(app, brand)
+    token = sign_in(client, write_key)
+    response = client.post(
+        f"/dashboard/endpoints/{endpoint_id}/send-example",
+        data={"eventName": "deal.finished"},
+        headers=htmx(token),
+    )
+    assert response.status_code == 422
+    assert "Not an event: choose one of the list." in _text(response)
+
+    reader = app.test_client()
+    reader_token = sign_in(reader, read_key)
+    assert "Send an example event" not in _text(reader.get(f"/dashboard/endpoints/{endpoint_id}"))
+    response = reader.post(
+        f"/dashboard/endpoints/{endpoint_id}/send-example",
+        data={"eventName": "deal.completed"},
+        headers=htmx(reader_token),
+    )
+    assert response.status_code == 403
+
+    with app.test_request_context():
+        service_update(
+            brand_id=brand, endpoint_id=endpoint_id, policy=current_url_policy(), is_active=False
+        )
+        db.session.commit()
+    response = client.post(
+        f"/dashboard/endpoints/{endpoint_id}/send-example",
+        data={"eventName": "deal.completed"},
+        headers=htmx(token),
+    )
+    assert response.status_code == 404
+    assert _delivery_statuses(app, endpoint_id) == []
+
+
+def test_the_deliveries_poll_brings_the_health_figures_with_it(app, client, brand, read_key):
+    endpoint_id, _ = _register(app, brand)
+    _publish(app, brand)
+    token = sign_in(client, read_key)
+    response = client.get(f"/dashboard/endpoints/{endpoint_id}/deliveries", headers=htmx(token))
+    fragment = _text(response)
+    assert fragment.lstrip().startswith('<div id="endpoint-deliveries"')
+    assert (
+        'id="endpoint-health" aria-labelledby="endpoint-health-title" hx-swap-oob="true"'
+        in fragment
+    )
+    assert "0 delivered · 1 pending · 0 failed" in fragment
 
 
 # ---- the verification snippets, run for real ----

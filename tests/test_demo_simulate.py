@@ -139,10 +139,10 @@ def test_simulate_keeps_moving_and_announces_each_threshold_once(app, runner, de
     assert crossed == [("Harmattan Glow launch", 50), ("Harmattan Glow launch", 80)]
 
 
-def test_simulate_without_brand_moves_the_newest_demo_brand(runner):
+def test_simulate_without_brand_moves_the_demo_brand_not_a_later_seed(runner):
+    first = seed(runner)
     seed(runner)
-    newest = seed(runner)
-    assert simulate(runner)["brandId"] == newest
+    assert simulate(runner)["brandId"] == first
 
 
 def test_simulate_an_unknown_brand_is_a_one_line_error(runner):
@@ -189,12 +189,28 @@ def test_the_first_demo_brand_has_the_readmes_link_code_and_later_ones_their_own
         assert (deal["creatorHandle"], deal["status"]) == ("@tobi.fits", "in_progress")
 
 
-def test_demo_brand_prints_the_newest_demo_brands_id(runner, make_brand):
+def test_demo_seed_leaves_the_demo_brand_as_it_was_and_names_the_new_one_apart(runner, make_brand):
+    """The README captures `BRAND=$(flask demo brand)` after `make run`, and may run `demo
+    seed` on the way: the brand it means, with its keys and plain codes, stays the one."""
     assert runner.invoke(args=["demo", "brand"]).exit_code == 1  # none yet
-    seed(runner)
-    newest = seed(runner)
+    first = seed(runner)
+    before = runner.invoke(args=["demo", "brand"])
+    assert (before.exit_code, before.stdout) == (0, first + "\n")
+    assert "Kola Naturals (demo); link code GLOW-TOBI for" in before.stderr
+
+    second, third = seed(runner), seed(runner)
     make_brand("Acme Foods")  # newer, but not a demo brand
-    result = runner.invoke(args=["demo", "brand"])
-    assert result.exit_code == 0
-    assert result.stdout == newest + "\n"
-    assert "Kola Naturals (demo); link code GLOW-TOBI-" in result.stderr
+    after = runner.invoke(args=["demo", "brand"])
+    assert (after.exit_code, after.stdout, after.stderr) == (0, before.stdout, before.stderr)
+
+    listing = runner.invoke(args=["brands", "list"]).stdout
+    names = {
+        brand_id: line.split("  ")[1].strip()
+        for line in listing.splitlines()[1:]
+        for brand_id in [line.split()[0]]
+    }
+    assert [names[first], names[second], names[third]] == [
+        "Kola Naturals (demo)",
+        "Kola Naturals (demo 2)",
+        "Kola Naturals (demo 3)",
+    ]

@@ -115,6 +115,44 @@ def test_emit_sends_the_given_data(app, runner, client, brand, write_key):
     assert detail["payload"]["data"] == data
 
 
+def test_emit_to_one_endpoint_sends_it_the_sample_whatever_it_subscribes_to(
+    app, runner, client, brand, write_key
+):
+    """`--endpoint`: what the endpoint page's "Send an example event" does, from a terminal."""
+    chosen = register(client, brand, write_key, ["conversion.recorded"])
+    register(client, brand, write_key, ["deal.completed"])  # subscribed, but not chosen
+
+    result = runner.invoke(args=["events", "emit", brand, "deal.completed", "--endpoint", chosen])
+
+    assert result.exit_code == 0, result.output
+    event_id = result.stdout.strip()
+    [delivery] = deliveries(client, brand, write_key)
+    assert (delivery["endpointId"], delivery["eventId"]) == (chosen, event_id)
+    detail = call(client, brand, write_key, "GET", f"webhook/deliveries/{delivery['id']}")
+    assert detail["payload"]["data"] == sample_data("deal.completed")
+
+
+def test_emit_to_a_disabled_or_unknown_endpoint_is_a_one_line_error(
+    app, runner, client, brand, write_key
+):
+    disabled = register(client, brand, write_key, ["deal.completed"])
+    call(
+        client,
+        brand,
+        write_key,
+        "PATCH",
+        f"webhook/{disabled}/update-endpoint",
+        json={"isActive": False},
+    )
+    for endpoint in (disabled, "whe_01jd3kr7s9t1v3w5x7y9z1a3b5"):
+        result = runner.invoke(
+            args=["events", "emit", brand, "deal.completed", "--endpoint", endpoint]
+        )
+        assert result.exit_code != 0 and result.stdout == ""
+        assert result.stderr.strip().count("\n") == 0 and endpoint in result.stderr
+    assert counts(app) == (0, 0)
+
+
 def test_emit_to_a_brand_without_subscribers_records_the_event_only(app, runner, brand):
     result = runner.invoke(args=["events", "emit", brand, "campaign.published"])
 

@@ -182,6 +182,10 @@ def test_record_postback_documents_the_201_and_the_replays_200_apart(client):
 
     assert data_schema("201")["properties"]["replay"]["example"] is False
     assert data_schema("200")["properties"]["replay"]["example"] is True
+    # CONTRACT 11.2: both answers say which link the code matched, or null.
+    for status in ("201", "200"):
+        link_id = data_schema(status)["properties"]["linkId"]
+        assert link_id["example"].startswith("lnk_") and "null" in str(link_id), link_id
 
 
 def test_record_examples_are_whole_consistent_records(client):

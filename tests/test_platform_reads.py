@@ -1380,7 +1380,7 @@ def demo(runner, client) -> tuple[str, str, str]:
     result = runner.invoke(args=["demo", "seed"])
     assert result.exit_code == 0, result.output
     seeded = json.loads(result.stdout)
-    assert set(seeded) == {"brandId", "bootstrapToken", "linkCode"}
+    assert set(seeded) == {"brandId", "bootstrapToken", "bootstrapTokenExpiresAt", "linkCode"}
     created = client.post(
         f"/api/v1/brand/{seeded['brandId']}/api-key/create-key",
         json={"name": "first", "scopes": ["read"]},

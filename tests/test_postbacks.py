@@ -160,6 +160,7 @@ def test_a_new_postback_is_recorded_attributed_and_counted_on_its_link(app, shop
         "conversionId": data["conversionId"],
         "replay": False,
         "attributed": True,
+        "linkId": shop.deal_link,
         "campaignId": shop.campaign,
         "dealId": shop.deal,
     }
@@ -297,8 +298,9 @@ def test_many_postbacks_from_one_address_are_never_throttled(shop):
 def test_a_campaign_wide_link_gives_the_campaign_and_no_deal(shop):
     data = assert_success(shop.post({"eventType": "signup", "linkCode": "KOLA"}), 201)
 
-    assert (data["attributed"], data["campaignId"], data["dealId"]) == (
+    assert (data["attributed"], data["linkId"], data["campaignId"], data["dealId"]) == (
         True,
+        shop.campaign_link,
         shop.campaign,
         None,
     )
@@ -308,7 +310,11 @@ def test_a_campaign_wide_link_gives_the_campaign_and_no_deal(shop):
 def test_an_unknown_link_code_is_stored_attributed_but_on_no_link(shop):
     data = assert_success(shop.post({"eventType": "lead", "linkCode": "NOPE99"}), 201)
 
-    assert (data["attributed"], data["campaignId"], data["dealId"]) == (True, None, None)
+    # SPEC's rule 2 calls it attributed; linkId tells the client the code matched nothing.
+    assert (data["attributed"], data["linkId"]) == (True, None)
+    assert (data["campaignId"], data["dealId"]) == (None, None)
+    replay = assert_success(shop.post({"eventType": "lead", "linkCode": "NOPE99"}), 200)
+    assert (replay["replay"], replay["attributed"], replay["linkId"]) == (True, True, None)
     stored = shop.conversion(data["conversionId"])
     assert (stored["linkCode"], stored["linkId"]) == ("NOPE99", None)
     assert shop.link(shop.deal_link)["conversions"] == 0
@@ -321,7 +327,7 @@ def test_another_brands_link_code_is_not_attributed_and_their_link_is_untouched(
 
     data = assert_success(shop.post({"eventType": "lead", "linkCode": "GLOW25o"}), 201)
 
-    assert (data["campaignId"], data["dealId"]) == (None, None)
+    assert (data["linkId"], data["campaignId"], data["dealId"]) == (None, None, None)
     assert data["attributed"] is True  # rule 2: a code was present
     assert other.link(other.deal_link)["conversions"] == 0
 
@@ -329,13 +335,13 @@ def test_another_brands_link_code_is_not_attributed_and_their_link_is_untouched(
 def test_a_click_id_alone_attributes_without_a_link(shop):
     data = assert_success(shop.post({"eventType": "lead", "clickId": "clk_1"}), 201)
 
-    assert (data["attributed"], data["campaignId"], data["dealId"]) == (True, None, None)
+    assert (data["attributed"], data["linkId"], data["campaignId"]) == (True, None, None)
 
 
 def test_neither_code_nor_click_id_is_unattributed(shop):
     data = assert_success(shop.post({"eventType": "lead", "clickId": None}), 201)
 
-    assert (data["attributed"], data["campaignId"], data["dealId"]) == (False, None, None)
+    assert (data["attributed"], data["linkId"], data["campaignId"]) == (False, None, None)
 
 
 def test_link_codes_match_exactly_after_trimming_spaces(shop):

@@ -250,6 +250,21 @@ class Walkthrough:
             assert job.poll() is None, log.read_text()
             time.sleep(0.1)
 
+    def wait_for_a_retry(self) -> None:
+        """Until a delivery the README left retrying has had its second attempt (the first
+        retry comes about 5 s after the first failure), so the retry path has run too."""
+        url = (
+            f"http://127.0.0.1:{self.port}/api/v1/brand/{self.variables['BRAND']}"
+            "/webhook/fetch-deliveries?retrying=true"
+        )
+        deadline = time.monotonic() + SETTLE_SECONDS
+        while time.monotonic() < deadline:
+            answer = requests.get(url, headers={"X-Api-Key": self.variables["KEY"]}, timeout=10)
+            if any(d["attemptCount"] >= 2 for d in answer.json()["data"]["deliveries"]):
+                return
+            time.sleep(0.5)
+        pytest.fail(f"no retry within {SETTLE_SECONDS} s:\n{self.supervisor_log.read_text()}")
+
     def job_output(self, number: int) -> str:
         return self.job_logs[number - 1].read_text()
 
@@ -321,6 +336,34 @@ def test_every_command_of_the_readme_works_word_for_word(walkthrough):
 
     # The receiver got what was sent to it (checked when the README stops it).
     assert walkthrough.stopped == [1], "the README stops the receiver to show retrying deliveries"
+
+    # A normal run logs no error: not while a receiver is down and its deliveries are retried
+    # (the README's last step), nor anywhere before.
+    walkthrough.wait_for_a_retry()
+    assert error_lines(walkthrough.supervisor_log.read_text()) == []
+
+
+ERROR_LINE = re.compile(r"\bERROR\b|^Traceback \(most recent call last\)|\bCRITICAL\b")
+
+
+def error_lines(output: str) -> list[str]:
+    """The lines of the server's and the worker's output that report an error or a traceback
+    (`VALIDATION_ERROR` in a logged answer is not one)."""
+    return [line for line in output.splitlines() if ERROR_LINE.search(line)]
+
+
+def test_error_lines_are_found_whatever_logged_them():
+    """The check above can fail: our logger's, gunicorn's and RQ's error lines, a traceback."""
+    output = "\n".join(
+        [
+            "2026-11-25 17:41:19,723 ERROR brand_api.webhooks queueing webhook drains failed",
+            "Traceback (most recent call last):",
+            "[2026-11-25 17:40:47 +0000] [11231] [ERROR] Worker (pid:1) was sent SIGKILL!",
+            "17:41:22 Worker 64cd: webhooks: Job OK (91034180)",
+            "request_id=req_1 status=400 errorCode=VALIDATION_ERROR",
+        ]
+    )
+    assert len(error_lines(output)) == 3
 
 
 def test_the_readme_writes_every_command_one_way():

@@ -295,6 +295,9 @@ def test_first_run_seeds_serves_and_stops_everything_on_ctrl_c(tmp_path, launch,
     token = re.search(r"Bootstrap token:\s+(bst_\w+)", output)
     assert brand and token, output
     assert re.search(r"Link code:\s+GLOW-TOBI\s", output), output
+    # How long the token lasts, and that it makes more than one key.
+    lifetime = r"API keys, as many as you like, for\s+24 hours: until \d{4}-\d\d-\d\d \d\d:\d\d UTC"
+    assert re.search(lifetime, output), output
     assert f"http://127.0.0.1:{supervisor.port}/api/v1/brand/{brand[1]}/api-key/" in output
     assert f"http://127.0.0.1:{supervisor.port}/docs" in output
 
@@ -341,6 +344,7 @@ def test_a_second_run_finds_its_data_again_and_does_not_seed(tmp_path, launch, m
     assert "Bootstrap token:" not in supervisor.output
     assert "bst_" not in supervisor.output
     # The demo brand's id, beside the command that issues it a token.
+    assert "a token creates any number of keys for 24 hours" in supervisor.output
     assert f"The demo brand is {brand[1]} (Kola Naturals (demo); link code GLOW-TOBI" in (
         supervisor.output
     )

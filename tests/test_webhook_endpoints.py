@@ -400,11 +400,13 @@ def test_disabling_sets_disabled_at_and_fails_pending_deliveries(app, client, br
     data = assert_success(update(client, brand, write_key, endpoint["id"], {"isActive": False}))
     assert data["isActive"] is False
     assert data["disabledAt"].endswith("Z")
-    assert data["disabledReason"]
+    # Who did it and where, in words the brand knows: never a route's name.
+    by_key = f"by key “test key” ({write_key[:12]}…)"
+    assert data["disabledReason"] == f"Disabled through the API {by_key}"
 
     mine = deliveries(client, brand, write_key, endpointId=endpoint["id"])
     assert [item["status"] for item in mine] == ["failed"]
-    assert mine[0]["lastError"]
+    assert mine[0]["lastError"] == f"Endpoint disabled through the API {by_key}"
     assert mine[0]["nextRetryAt"] is None
     theirs = deliveries(client, brand, write_key, endpointId=other["id"])
     assert [item["status"] for item in theirs] == ["pending"]

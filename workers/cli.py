@@ -78,7 +78,10 @@ class DeliveryWorker(SimpleWorker):
 @click.option("--burst", is_flag=True, help="Deliver what is due and run queued jobs, then exit.")
 @with_appcontext
 def worker_command(burst: bool) -> None:
-    """Deliver webhooks, and run the service's RQ jobs and maintenance."""
+    """Run a webhook delivery worker.
+
+    Its delivery loop reads what is due from the database; an RQ worker beside it runs the
+    service's jobs (the retention purge) and its maintenance."""
     app = current_app._get_current_object()
     connection = redis_connection(app)
     if connection is None:

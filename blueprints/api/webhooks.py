@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from blueprints.api import api
-from blueprints.api.auth import authenticate
+from blueprints.api.auth import authenticate, current_caller
 from blueprints.api.operations import operation
 from blueprints.api.webhook_callbacks import delivery_callback
 from models.api_key import READ, WRITE
@@ -33,6 +33,8 @@ from services.deliveries import (
 )
 from services.endpoint_stats import endpoint_stats, with_health
 from services.webhook_endpoints import (
+    THROUGH_THE_API,
+    ChangedBy,
     current_url_policy,
     delete_endpoint,
     list_endpoints,
@@ -115,7 +117,11 @@ def get_webhook_endpoint_stats(brand_id: str, endpoint_id: str):
 )
 def update_webhook_endpoint(brand_id: str, endpoint_id: str, body: dict):
     return update_endpoint(
-        brand_id=brand_id, endpoint_id=endpoint_id, policy=current_url_policy(), **body
+        brand_id=brand_id,
+        endpoint_id=endpoint_id,
+        policy=current_url_policy(),
+        changed_by=ChangedBy(THROUGH_THE_API, current_caller().key_id),
+        **body,
     )
 
 

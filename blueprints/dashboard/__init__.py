@@ -19,6 +19,7 @@ def register_dashboard() -> Blueprint:
         deliveries,
         endpoints,
         events,
+        formatting,
         keys,
         overview,
         records,

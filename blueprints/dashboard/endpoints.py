@@ -25,13 +25,13 @@ from blueprints.dashboard.rendering import (
     load_form,
     render,
     render_confirmation,
-    whole_page_wanted,
 )
 from blueprints.dashboard.session import current_caller, is_htmx, signed_in
 from extensions import db
 from models.columns import utcnow
-from models.event_catalog import DEFAULT_SUBSCRIPTION, EVENT_TYPES, TEST_EVENT
+from models.event_catalog import DEFAULT_SUBSCRIPTION, EVENT_NAMES, EVENT_TYPES, TEST_EVENT
 from schemas.base import iso_timestamp
+from schemas.dashboard import ExampleEventSchema
 from schemas.webhooks import (
     DeliverySchema,
     EndpointRegisterSchema,
@@ -54,13 +54,16 @@ from services.signing import (
     TIMESTAMP_HEADER,
 )
 from services.webhook_endpoints import (
+    FROM_THE_DASHBOARD,
     TEST_MESSAGE,
+    ChangedBy,
     current_url_policy,
     delete_endpoint,
     get_endpoint,
     list_endpoints,
     register_endpoint,
     rotate_signing_secret,
+    send_example_event,
     send_test_ping,
     update_endpoint,
 )
@@ -92,6 +95,7 @@ OVERLAP_CHOICES = (
 )
 _deliveries = DeliverySchema(many=True)
 _register_form = EndpointRegisterSchema()
+_example_form = ExampleEventSchema()
 _update_form = EndpointUpdateSchema()
 
 
@@ -173,18 +177,20 @@ def _submitted_form() -> dict:
 # ---- one endpoint ----
 
 
-def _detail_context(record, *, whole_page: bool | None = None, **extra) -> dict:
-    """What the endpoint page shows; its health (three queries) only when the whole page is
-    drawn, not for the fragments htmx swaps in."""
+def _detail_context(record, **extra) -> dict:
+    """What the endpoint page shows. An action's answer swaps in the panels it changed
+    (`refresh`: "summary", "health", "deliveries", "recover", "example"; see
+    _endpoint_refreshed.html) beside its own, so no panel goes on saying what was true before:
+    the health figures (three queries) are drawn for every answer."""
     endpoint = _endpoint.dump(record)
-    health = chart = None
-    if whole_page_wanted() if whole_page is None else whole_page:
-        stats = endpoint_stats(brand_id=record.brand_id, endpoint_id=record.id, now=utcnow())
-        health, chart = _health.dump(stats), _health_chart(stats.hours)
+    stats = endpoint_stats(brand_id=record.brand_id, endpoint_id=record.id, now=utcnow())
     context = {
         "endpoint": endpoint,
-        "health": health,
-        "chart": chart,
+        "health": _health.dump(stats),
+        "chart": _health_chart(stats.hours),
+        "refresh": (),
+        "example_sent": None,
+        "example_choice": _example_choice(endpoint["events"]),
         "deliveries": _recent_deliveries(endpoint["id"]),
         "snippet": _snippet_values(endpoint, record.brand_id),
         "event_groups": EVENT_GROUPS,
@@ -263,24 +269,21 @@ def _load(endpoint_id: str):
 @signed_in()
 def endpoint(endpoint_id: str):
     rotated = one_time.take(f"signing-secret:{endpoint_id}")
-    return render(
-        "dashboard/endpoint.html",
-        **_detail_context(_load(endpoint_id), whole_page=True, rotated=rotated),
-    )
+    return render("dashboard/endpoint.html", **_detail_context(_load(endpoint_id), rotated=rotated))
 
 
 @dashboard.get("/endpoints/<endpoint_id>/deliveries")
 @signed_in()
 def endpoint_deliveries(endpoint_id: str):
-    """The latest deliveries region of the detail page (it polls this while one is pending)."""
-    _load(endpoint_id)
+    """The latest deliveries region of the detail page (it polls this while one is pending),
+    with the health figures those deliveries move."""
+    record = _load(endpoint_id)
     if not is_htmx():
         return redirect(url_for("dashboard.deliveries", endpointId=endpoint_id), code=303)
     return render(
         "dashboard/endpoint.html",
-        fragment="dashboard/_endpoint_deliveries.html",
-        endpoint={"id": endpoint_id},
-        deliveries=_recent_deliveries(endpoint_id),
+        fragment="dashboard/_endpoint_deliveries_polled.html",
+        **_detail_context(record, refresh=("health",)),
     )
 
 
@@ -352,6 +355,7 @@ def _set_active(endpoint_id: str, active: bool):
         endpoint_id=endpoint_id,
         policy=current_url_policy(),
         is_active=active,
+        changed_by=ChangedBy(FROM_THE_DASHBOARD, current_caller().key_id),
     )
     db.session.commit()
     if active:
@@ -363,7 +367,7 @@ def _set_active(endpoint_id: str, active: bool):
     return render(
         "dashboard/endpoint.html",
         fragment="dashboard/_endpoint_state_changed.html",
-        **_detail_context(record),
+        **_detail_context(record, refresh=("health", "deliveries", "recover", "example")),
     )
 
 
@@ -452,9 +456,11 @@ def recover_endpoint_deliveries(endpoint_id: str):
         return _back_to(endpoint_id)
     return render(
         "dashboard/endpoint.html",
-        fragment="dashboard/_endpoint_recover.html",
+        fragment="dashboard/_endpoint_recovered.html",
         status=202,
-        **_detail_context(_load(endpoint_id), recovered=recovered),
+        **_detail_context(
+            _load(endpoint_id), recovered=recovered, refresh=("health", "deliveries")
+        ),
     )
 
 
@@ -501,8 +507,52 @@ def send_endpoint_test(endpoint_id: str):
         "dashboard/endpoint.html",
         fragment="dashboard/_endpoint_test_sent.html",
         status=202,
-        **_detail_context(_load(endpoint_id), queued=delivery_id),
+        **_detail_context(_load(endpoint_id), queued=delivery_id, refresh=("health", "deliveries")),
     )
+
+
+@dashboard.post("/endpoints/<endpoint_id>/send-example")
+@signed_in(write=True)
+def send_endpoint_example(endpoint_id: str):
+    """An event of the catalogue with its sample body, to this endpoint alone. Write scope,
+    unlike the test ping: a receiver may act on a `deal.completed`, sample or not."""
+    try:
+        name = load_form(_example_form)["event_name"]
+    except ValidationFailed as error:
+        return render(
+            "dashboard/endpoint.html",
+            fragment="dashboard/_endpoint_example.html",
+            status=422,
+            **_detail_context(_load(endpoint_id), errors=error.errors),
+        )
+    published = send_example_event(
+        brand_id=current_caller().brand_id, endpoint_id=endpoint_id, name=name
+    )
+    db.session.commit()
+    sent = {"event": name, "delivery_id": published.delivery_ids[0]}
+    if not is_htmx():
+        flash(
+            f"Example {name} queued as delivery {sent['delivery_id']}: watch it under "
+            "“Recent deliveries”.",
+            "success",
+        )
+        return _back_to(endpoint_id)
+    return render(
+        "dashboard/endpoint.html",
+        fragment="dashboard/_endpoint_example_sent.html",
+        status=202,
+        **_detail_context(
+            _load(endpoint_id),
+            example_sent=sent,
+            example_choice=name,
+            refresh=("health", "deliveries"),
+        ),
+    )
+
+
+def _example_choice(subscribed: list[str]) -> str:
+    """The event the example form offers first: the endpoint's first subscribed one."""
+    return next((name for name in subscribed if name != TEST_EVENT), EVENT_NAMES[0])
 
 
 # ---- the health chart ----
@@ -538,7 +588,9 @@ def _health_chart(hours) -> dict:
         "height": CHART_HEIGHT,
         "base": base + 0.5,
         "bar_width": CHART_BAR_WIDTH,
-        "since": f"{hours[0].start:%H:%M}",
+        # The window's ends, with their dates: 24 hours span two days.
+        "since": f"{hours[0].start:%Y-%m-%d %H:%M}",
+        "until": f"{hours[-1].start + timedelta(hours=1):%Y-%m-%d %H:%M}",
     }
 
 
