@@ -32,6 +32,7 @@ from extensions import db
 from models.columns import utcnow
 from models.event_catalog import DEFAULT_SUBSCRIPTION, EVENT_TYPES, TEST_EVENT
 from schemas.base import iso_timestamp
+from schemas.events import event_data
 from schemas.webhooks import (
     DeliverySchema,
     EndpointRegisterSchema,
@@ -557,7 +558,9 @@ def _snippet_values(endpoint: dict, brand_id: str) -> dict:
             "createdAt": iso_timestamp(utcnow()),
             "brandId": brand_id,
             "apiVersion": API_VERSION,
-            "data": {"endpointId": endpoint["id"], "message": TEST_MESSAGE},
+            "data": event_data(
+                TEST_EVENT, {"endpoint_id": endpoint["id"], "message": TEST_MESSAGE}
+            ),
         },
         separators=(",", ":"),
     )
