@@ -293,10 +293,14 @@ def event_body_schema(name: str) -> type[ApiSchema]:
                     "example": "evt_01jd3kw3x5y7z9a1b3c5d7e9f1",
                 },
             ),
+            # `const`, not a one-name enum: a type generator makes it a literal of the union's
+            # discriminator rather than an enum class per event.
             "type": fields.String(
                 required=True,
-                validate=validate.OneOf([name]),
-                metadata={"description": "The event name, also the `X-Service-Event` header."},
+                metadata={
+                    "const": name,
+                    "description": "The event name, also the `X-Service-Event` header.",
+                },
             ),
             "created_at": Timestamp(
                 required=True, metadata={"description": "When the event happened."}
@@ -311,8 +315,7 @@ def event_body_schema(name: str) -> type[ApiSchema]:
             ),
             "api_version": fields.String(
                 required=True,
-                validate=validate.OneOf([API_VERSION]),
-                metadata={"description": "The version of this body's shape."},
+                metadata={"const": API_VERSION, "description": "The version of this body's shape."},
             ),
             "data": fields.Nested(
                 EVENT_DATA_SCHEMAS[name],
