@@ -166,7 +166,9 @@ def test_every_operation_has_a_curl_command_of_this_deployment(spec):
         if body is None:
             assert " -d " not in curl
             continue
-        sent_body = json.loads(re.search(r"-d '(.*)'$", curl, re.S).group(1))
+        data = re.search(r"-d '(.*)'$", curl, re.S)
+        assert data, curl
+        sent_body = json.loads(data.group(1))
         schema = spec["components"]["schemas"][body["schema"]["$ref"].rsplit("/", 1)[1]]
         assert set(schema.get("required", [])) <= set(sent_body) <= set(schema["properties"])
         assert '-H "Content-Type: application/json"' in curl

@@ -15,6 +15,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from werkzeug.serving import make_server
@@ -65,7 +66,7 @@ def test_the_readmes_commands_generate_types_that_parse_every_event(app, served,
     try:
         for name in EVENT_NAMES:
             printed = io.StringIO()
-            namespace = {"raw_body": json.dumps(sample_body(name))}
+            namespace: dict[str, Any] = {"raw_body": json.dumps(sample_body(name))}
             with contextlib.redirect_stdout(printed):
                 exec(snippet, namespace)  # noqa: S102 - the README's own lines
             event = namespace["event"]
