@@ -18,7 +18,12 @@ from blueprints.api.code_samples import add_code_samples, with_server
 from blueprints.api.introduction import LICENSE_HEADING, introduction
 from blueprints.api.operations import NUL_FREE_PATTERN
 from blueprints.api.response_examples import add_response_examples
-from blueprints.api.webhook_events import WEBHOOK_TAG, add_webhooks, register_event_schemas
+from blueprints.api.webhook_events import (
+    WEBHOOK_TAG,
+    WEBHOOK_TAG_DESCRIPTION,
+    add_webhooks,
+    register_event_schemas,
+)
 from models.api_key import WRITE
 from models.columns import id_pattern
 from models.event_catalog import SAMPLE_RECORDS
@@ -248,14 +253,11 @@ def _tags(document: dict) -> list[dict]:
         for operation in item.values()
         for tag in operation["tags"]
     ]
-    tags = [{"name": name} for name in dict.fromkeys(names)]
-    for tag in tags:
-        if tag["name"] == WEBHOOK_TAG:
-            tag["description"] = (
-                "What the service POSTs to your endpoints: one entry per event name. See "
-                "**Webhooks** in the introduction for acknowledging, retries and signatures."
-            )
-    return tags
+    described = {WEBHOOK_TAG: WEBHOOK_TAG_DESCRIPTION}
+    return [
+        {"name": name} | ({"description": described[name]} if name in described else {})
+        for name in dict.fromkeys(names)
+    ]
 
 
 def _operation(declared, auth, rule: Rule) -> dict:
@@ -368,12 +370,7 @@ def _refuse_nul(schema: dict, components: dict, seen: set[str]) -> None:
             seen.add(name)
             _refuse_nul(components[name], components, seen)
         return
-    types = schema.get("type")
-    if "string" in ([types] if isinstance(types, str) else types or []) and not {
-        "pattern",
-        "enum",
-        "format",
-    } & set(schema):
+    if "string" in _types(schema) and not {"pattern", "enum", "format"} & set(schema):
         schema["pattern"] = NUL_FREE_PATTERN
     for nested in (*schema.get("properties", {}).values(), schema.get("items")):
         if isinstance(nested, dict):
@@ -381,6 +378,12 @@ def _refuse_nul(schema: dict, components: dict, seen: set[str]) -> None:
     for alternatives in (schema.get("anyOf", []), schema.get("oneOf", [])):
         for nested in alternatives:
             _refuse_nul(nested, components, seen)
+
+
+def _types(schema: dict) -> list[str]:
+    """A schema's `type` as a list (OpenAPI 3.1: `"string"` or `["string", "null"]`)."""
+    types = schema.get("type", [])
+    return [types] if isinstance(types, str) else types
 
 
 def _path_parameter_schema(rule: Rule, name: str) -> dict:

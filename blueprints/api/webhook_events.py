@@ -30,6 +30,10 @@ from services.signing import (
 )
 
 WEBHOOK_TAG = "Webhook events"
+WEBHOOK_TAG_DESCRIPTION = (
+    "What the service POSTs to your endpoints: one entry per event name. How a delivery is "
+    "acknowledged, retried and verified: [Webhooks](#description/webhooks), in the introduction."
+)
 ANY_EVENT = "WebhookEvent"
 SAMPLE_EVENT_ID = "evt_01jd3kw3x5y7z9a1b3c5d7e9f1"
 SAMPLE_CREATED_AT = "2026-11-20T08:15:00.000Z"
