@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint install screenshots schemathesis clean
+.PHONY: run test lint install screenshots schemathesis vendor-docs clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
@@ -31,6 +31,10 @@ screenshots: $(STAMP)
 ## make schemathesis: every schemathesis check against a real server of the demo brand (ST_ARGS passes options)
 schemathesis: $(STAMP)
 	$(BIN)/python scripts/schemathesis_run.py $(ST_ARGS)
+
+## make vendor-docs: fetch the pinned Scalar release (npm) into static/vendor/ and record its checksum
+vendor-docs: $(STAMP)
+	$(BIN)/python scripts/vendor_scalar.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

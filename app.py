@@ -94,6 +94,13 @@ CONTENT_SECURITY_POLICY = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
 )
+# /docs alone also allows inline styles: Scalar (the vendored API reference) writes its styles
+# into <style> elements and style attributes as it renders, and a nonce would cover only some
+# of them. Scripts stay the app's own files; nothing else changes (docs/decisions.md).
+DOCS_CONTENT_SECURITY_POLICY = CONTENT_SECURITY_POLICY.replace(
+    "style-src 'self'", "style-src 'self' 'unsafe-inline'"
+)
+DOCS_ENDPOINT = "system.docs"
 
 
 def _finish_request(response):
@@ -102,7 +109,12 @@ def _finish_request(response):
     response.headers["X-Frame-Options"] = "DENY"
     response.headers.setdefault("Referrer-Policy", "no-referrer")
     if response.mimetype == "text/html":
-        response.headers.setdefault("Content-Security-Policy", CONTENT_SECURITY_POLICY)
+        policy = (
+            DOCS_CONTENT_SECURITY_POLICY
+            if request.endpoint == DOCS_ENDPOINT
+            else CONTENT_SECURITY_POLICY
+        )
+        response.headers.setdefault("Content-Security-Policy", policy)
     if request.path.startswith(API_PREFIX):
         # Responses may carry a one-time secret; no cache along the way may keep any of them.
         response.headers["Cache-Control"] = "no-store"

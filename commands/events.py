@@ -15,12 +15,14 @@ import click
 import redis
 from flask import current_app
 from flask.cli import AppGroup
+from marshmallow import ValidationError
 from rq import Worker
 
 from commands import command_transaction
 from extensions import db
 from models.columns import utcnow
 from models.event_catalog import EVENT_NAMES, is_event_name, sample_data
+from schemas.events import load_event_data
 from services.brands import get_brand
 from services.deliveries import recover_failed_deliveries
 from services.events import publish_event
@@ -46,7 +48,8 @@ _EVENT_LIST = "\b\nEVENT_NAME is one of:\n" + "\n".join(f"  {name}" for name in 
     "--data",
     "data_json",
     default=None,
-    help="The event's `data` as a JSON object; default: the catalogue's sample for the event "
+    help="The event's `data` as a JSON object with every field the event has, as the OpenAPI "
+    "document's `webhooks` section states it; default: the catalogue's sample for the event "
     "(whose ids are samples, not records of the brand).",
 )
 @click.option(
@@ -68,7 +71,7 @@ def emit_command(
         raise click.ClickException(
             f"Unknown event {event_name!r}; one of: {', '.join(EVENT_NAMES)}"
         )
-    data = None if data_json is None else _parse_object(data_json)
+    data = None if data_json is None else _event_data(event_name, data_json)
     with command_transaction():
         get_brand(brand_id)  # a clear "no such brand" rather than a foreign-key failure
         if endpoint_id is not None:
@@ -190,6 +193,19 @@ def _alive(worker: Worker) -> bool:
     its registration for minutes, with an old heartbeat."""
     beat = worker.last_heartbeat
     return beat is not None and utcnow() - beat.replace(tzinfo=UTC) < WORKER_SILENCE
+
+
+def _event_data(event_name: str, text: str) -> dict:
+    """`--data` as the event's publishers would write it, or a one-line error naming each field
+    that is wrong: receivers are promised exactly the shape the document states."""
+    try:
+        return load_event_data(event_name, _parse_object(text))
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{field}: {' '.join(messages)}"
+            for field, messages in error.normalized_messages().items()
+        )
+        raise click.ClickException(f"--data is not {event_name} data: {problems}") from None
 
 
 def _parse_object(text: str) -> dict:

@@ -12,6 +12,8 @@ from models.columns import UTCDateTime, id_column_type, new_id, utcnow
 
 PLANS = ("starter", "growth", "enterprise")
 KYB_STATUSES = ("not_started", "pending", "verified", "rejected")
+# How a KYB verification can finish (`verification.completed`).
+KYB_OUTCOMES = ("verified", "rejected")
 BRAND_NAME_MAX_LENGTH = 100
 
 

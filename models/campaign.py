@@ -26,6 +26,8 @@ PER_CLICK = "per_click"
 PRICING_MODELS = (FIXED_FEE, PER_CLICK)
 
 NAME_MAX_LENGTH = 200
+# The shares of its budget whose crossing by spend announces `campaign.budget_threshold`.
+BUDGET_THRESHOLDS = (50, 80, 100)
 
 
 class Campaign(db.Model):

@@ -26,6 +26,8 @@ DEAL_STATUSES = (OFFERED, ACCEPTED, DECLINED, EXPIRED, IN_PROGRESS, COMPLETED, C
 FINAL_DEAL_STATUSES = (DECLINED, EXPIRED, COMPLETED, CANCELLED)
 
 CREATOR_HANDLE_MAX_LENGTH = 100
+# Who a resolved dispute went to (`dispute.resolved`): escrow released, refunded, or half each.
+DISPUTE_OUTCOMES = ("creator", "brand", "split")
 
 
 @dataclass(frozen=True)

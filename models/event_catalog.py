@@ -14,6 +14,9 @@ import copy
 from dataclasses import dataclass
 from types import MappingProxyType
 
+# `apiVersion` of every event body: the shape of `data` (a new version would be a new shape).
+API_VERSION = "1"
+
 
 @dataclass(frozen=True)
 class EventType:

@@ -28,7 +28,7 @@ class KeyCreateSchema(ApiSchema):
 
 class ApiKeySchema(ApiSchema):
     id = fields.String(metadata={"example": "key_01jd3k9m2x4q8r7t6v5w4y3z2a"})
-    name = fields.String()
+    name = fields.String(metadata={"example": "orders-service"})
     key_prefix = fields.String(
         metadata={
             "description": "The first 12 characters of the secret; safe to show.",
@@ -49,7 +49,7 @@ class IssuedApiKeySchema(ApiSchema):
     id = fields.String(
         attribute="record.id", metadata={"example": "key_01jd3k9m2x4q8r7t6v5w4y3z2a"}
     )
-    name = fields.String(attribute="record.name")
+    name = fields.String(attribute="record.name", metadata={"example": "orders-service"})
     key_prefix = fields.String(attribute="record.key_prefix", metadata={"example": "svc_live_4Fq"})
     scopes = fields.List(fields.String(validate=validate.OneOf(SCOPES)), attribute="record.scopes")
     secret = fields.String(
@@ -63,5 +63,5 @@ class IssuedApiKeySchema(ApiSchema):
 
 
 class RevokedKeySchema(ApiSchema):
-    id = fields.String()
+    id = fields.String(metadata={"example": "key_01jd3k9m2x4q8r7t6v5w4y3z2a"})
     revoked_at = Timestamp()

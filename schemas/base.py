@@ -145,6 +145,19 @@ class JsonBoolean(fields.Boolean):
         raise self.make_error("invalid", input=value)
 
 
+class JsonInteger(fields.Integer):
+    """A JSON integer, as the document's JSON Schema 2020-12 counts one: `1250`, or `1250.0`
+    (the same number, no fraction). `12.5`, `"1250"` or `true` are mistakes to report, not
+    numbers to round or convert."""
+
+    def _deserialize(self, value, attr, data, **kwargs) -> int:
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.make_error("invalid", input=value)
+        return super()._deserialize(value, attr, data, **kwargs)
+
+
 class QueryBoolean(fields.Boolean):
     """A query parameter that is exactly `true` or `false` (how the document's `boolean` is
     written in a URL); `1`, `yes` or `True` are refused rather than guessed at."""

@@ -19,6 +19,7 @@ from models.conversion import (
 from models.money import CURRENCIES, NGN
 from schemas.base import (
     ApiSchema,
+    JsonInteger,
     Label,
     QueryBoolean,
     ResourceId,
@@ -90,8 +91,7 @@ class PostbackSchema(ApiSchema):
             "example": "GLOW25",
         },
     )
-    value_minor = fields.Integer(
-        strict=True,  # 12.5 or "1250" is a mistake to report, not a number to round
+    value_minor = JsonInteger(
         load_default=0,
         validate=validate.Range(min=0, max=VALUE_MINOR_MAX),
         metadata={"description": "The outcome's value in minor units of `currency`; default 0."},

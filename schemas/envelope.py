@@ -82,8 +82,10 @@ class PageMetaSchema(ApiSchema):
 def _envelope_fields(data: fields.Field | None, meta: fields.Field | None) -> dict:
     """The fields in SPEC order; `data` and `meta` vary by use."""
     declared = {
-        "status": fields.Boolean(required=True, metadata={"description": "true on success."}),
-        "status_code": fields.Integer(required=True),
+        "status": fields.Boolean(required=True, metadata={"description": "`true` on success."}),
+        "status_code": fields.Integer(
+            required=True, metadata={"description": "The HTTP status of the answer, repeated."}
+        ),
         "message": fields.String(
             required=True, metadata={"description": "Human-readable; not for automation."}
         ),
@@ -100,23 +102,40 @@ def _envelope_fields(data: fields.Field | None, meta: fields.Field | None) -> di
 
 EnvelopeSchema = ApiSchema.from_dict(
     _envelope_fields(
-        fields.Raw(metadata={"description": "Present on success."}),
+        fields.Raw(
+            metadata={
+                "description": "The operation's result: an object, or a list of them; each "
+                "operation states its own."
+            }
+        ),
         # Already dumped by the operation (PageMetaSchema): a second pass would look for the
         # snake_case attributes in the camelCase dict and drop them.
-        fields.Raw(metadata={"description": "On paginated lists."}),
+        fields.Raw(
+            metadata={
+                "type": "object",
+                "description": "On paged lists only: where the page stands.",
+            }
+        ),
     ),
     name="Envelope",
 )
 
 
 class ErrorEnvelopeSchema(ApiSchema):
-    status = fields.Boolean(required=True, metadata={"description": "Always false."})
-    status_code = fields.Integer(required=True)
-    message = fields.String(required=True)
+    status = fields.Boolean(required=True, metadata={"description": "Always `false`."})
+    status_code = fields.Integer(
+        required=True, metadata={"description": "The HTTP status of the answer, repeated."}
+    )
+    message = fields.String(
+        required=True, metadata={"description": "What went wrong, for people; may change."}
+    )
     error_code = fields.String(
         required=True, metadata={"description": "Stable, for automation.", "enum": ERROR_CODES}
     )
-    request_id = fields.String(required=True)
+    request_id = fields.String(
+        required=True,
+        metadata={"description": "Also sent as the X-Request-Id header; quote it to support."},
+    )
     errors = fields.Dict(
         keys=fields.String(),
         values=fields.List(fields.String()),

@@ -21,7 +21,7 @@ from sqlalchemy import case, func, select, update
 
 from extensions import db
 from models import WebhookEndpoint
-from schemas.base import iso_timestamp
+from schemas.events import event_data
 from services.deliveries import fail_pending_deliveries
 from services.events import publish_event
 
@@ -204,13 +204,16 @@ def _announce(
     publish_event(
         brand_id=endpoint.brand_id,
         name=name,
-        data={
-            "endpointId": endpoint_id,
-            "url": endpoint.url,
-            "consecutiveFailures": endpoint.consecutive_failures,
-            "lastError": last_error,
-            "disabledAt": iso_timestamp(disabled_at) if disabled_at is not None else None,
-        },
+        data=event_data(
+            name,
+            {
+                "endpoint_id": endpoint_id,
+                "url": endpoint.url,
+                "consecutive_failures": endpoint.consecutive_failures,
+                "last_error": last_error,
+                "disabled_at": disabled_at,
+            },
+        ),
         except_endpoint_ids=[endpoint_id],
         now=now,
     )

@@ -19,14 +19,12 @@ from sqlalchemy import ARRAY, String, bindparam, insert, text
 from extensions import db
 from models import WebhookDelivery, WebhookEvent
 from models.columns import new_id, utcnow
-from models.event_catalog import EVENT_NAMES, is_event_name
+from models.event_catalog import API_VERSION, EVENT_NAMES, is_event_name
 from models.webhook_delivery import PENDING
 from models.webhook_endpoint import endpoint_is_open_sql
 from schemas.base import iso_timestamp
 from services.errors import ValidationFailed
 from services.wakeups import note_published
-
-API_VERSION = "1"
 
 
 @dataclass(frozen=True)

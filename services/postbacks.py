@@ -32,7 +32,7 @@ from models.columns import new_id, utcnow
 from models.money import NGN
 from models.tracked_link import CONVERSION_COUNT_SLOTS
 from models.webhook_delivery import PENDING
-from schemas.conversions import ConversionSchema
+from schemas.events import event_data
 from services.errors import Conflict
 from services.events import PUBLISH_CTES, event_body_around
 from services.failpoints import failpoint
@@ -45,8 +45,6 @@ CONFLICT_RETRY_AFTER_SECONDS = 1
 CONVERSION_RECORDED = "conversion.recorded"
 # Namespaces this module's advisory locks among any others on the database.
 _LOCK_NAMESPACE = b"brand-api:postback:"
-
-_conversion_schema = ConversionSchema()
 
 
 @dataclass(frozen=True)
@@ -152,7 +150,7 @@ def _record_in_one_statement(
         name=CONVERSION_RECORDED,
         brand_id=conversion.brand_id,
         now=conversion.created_at,
-        data=_conversion_schema.dump(conversion),
+        data=event_data(CONVERSION_RECORDED, conversion),
         keys=_FOUND_BY_THE_STATEMENT,
     )
     parameters |= {
@@ -219,7 +217,7 @@ _INSERTED = (
 )
 
 
-# The keys of the event's data that the statement fills in, in the order of ConversionSchema.
+# The keys of the event's data that the statement fills in, in the order of its schema's.
 _FOUND_BY_THE_STATEMENT = ("linkId", "campaignId", "dealId")
 # Raise a link's counters in one of its slots (models.tracked_link). A conversion in another
 # currency than the link's is counted, but its value is not added: there is no rate to convert

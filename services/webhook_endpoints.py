@@ -21,6 +21,7 @@ from models.event_catalog import (
     supported_events,
 )
 from models.webhook_endpoint import DISABLED_REASON_MAX_LENGTH
+from schemas.events import event_data
 from services.brands import get_brand
 from services.deliveries import fail_pending_deliveries
 from services.endpoint_health import disable_endpoint, enable_endpoint
@@ -299,7 +300,7 @@ def send_test_ping(*, brand_id: str, endpoint_id: str, now: datetime | None = No
     published = publish_event(
         brand_id=brand_id,
         name=TEST_EVENT,
-        data={"endpointId": endpoint.id, "message": TEST_MESSAGE},
+        data=event_data(TEST_EVENT, {"endpoint_id": endpoint.id, "message": TEST_MESSAGE}),
         only_endpoint_ids=[endpoint.id],
         now=now,
     )

@@ -369,17 +369,3 @@ def test_on_a_phone_nothing_scrolls_sideways_and_a_deliverys_status_is_in_sight(
     finally:
         context.close()
     assert problems.seen == [], "the browser reported problems:\n" + "\n".join(problems.seen)
-
-
-def test_the_api_references_tables_fit_a_laptop(with_js):
-    page = with_js.new_page()
-    page.goto("/docs")
-    wider = page.evaluate(
-        """() => [...document.querySelectorAll('table.fields')]
-             .filter((t) => t.scrollWidth > t.parentElement.clientWidth + 1)
-             .map((t) => (t.closest('article') || {}).id)"""
-    )
-    assert wider == [], f"these operations' tables scroll sideways at 1280 px: {wider}"
-    # The new postback's 201 is the example; the replay's 200 comes after it.
-    labels = page.locator("#recordPostback .codeblock-label")
-    expect(labels).to_have_text(["curl", "201", "200"])

@@ -1,29 +1,37 @@
-"""GET /docs: the OpenAPI document rendered as a static, script-free reference. Builds its own app
-(the page needs no database), so it depends on none of conftest's fixtures."""
+"""GET /docs: Scalar, vendored in static/vendor/ by `make vendor-docs`, renders the OpenAPI
+document in the browser (tests/test_docs_browser.py drives it in Chromium). What the reference
+needs beyond Scalar's own rendering is in the document, so any renderer shows it: each
+operation's curl command of this deployment (`x-codeSamples`), whole examples of every answer,
+and the envelope, error-code and delivery-header tables of the introduction. Builds its own app
+(nothing here needs a database), so it depends on none of conftest's fixtures."""
 
 from __future__ import annotations
 
-import html
+import base64
+import hashlib
 import json
 import re
+from pathlib import Path
 
 import pytest
-from flask import render_template
-from markupsafe import Markup
-from openapi_spec_validator import validate
+from jsonschema import Draft202012Validator
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
 
-from app import create_app
-from blueprints.docs_rendering import api_reference, doc_inline, doc_text
+from app import CONTENT_SECURITY_POLICY, create_app
+from blueprints.system import SCALAR_RECORD
+from schemas.envelope import ERROR_CODES
 
+ROOT = Path(__file__).resolve().parent.parent
 ENVIRON = {
     "APP_ENV": "test",
-    # Rendering the document touches no database: nothing ever connects to this one.
+    # Nothing here touches the database: nothing ever connects to this one.
     "DATABASE_URL": "postgresql://docs@127.0.0.1:1/never-connected",
     "SECRET_KEY": "x",
     "ENCRYPTION_KEY": "dGVzdC1lbmNyeXB0aW9uLWtleS0zMi1ieXRlcyEhISE=",
 }
-CURL = re.compile(r"<pre><code>(curl .*?)</code></pre>", re.DOTALL)
-JSON_BODY = re.compile(r"-d '(.*)'\s*$", re.DOTALL)
+BASE = "https://api.example.test"
+HTTP_METHODS = {"get", "put", "post", "delete", "patch"}
 
 
 @pytest.fixture(scope="module")
@@ -32,393 +40,193 @@ def docs_app():
 
 
 @pytest.fixture(scope="module")
-def spec(docs_app) -> dict:
-    response = docs_app.test_client().get("/api/v1/openapi.json")
+def client(docs_app):
+    return docs_app.test_client()
+
+
+@pytest.fixture(scope="module")
+def spec(client) -> dict:
+    response = client.get("/api/v1/openapi.json", base_url=BASE)
     assert response.status_code == 200
     return response.get_json()
 
 
 @pytest.fixture(scope="module")
-def page(docs_app) -> str:
-    response = docs_app.test_client().get("/docs")
-    assert response.status_code == 200, response.get_data(as_text=True)[:2000]
-    assert response.mimetype == "text/html"
-    return response.get_data(as_text=True)
+def record() -> dict:
+    return json.loads(SCALAR_RECORD.read_text())
 
 
 def operations(spec: dict):
     for path, item in spec["paths"].items():
         for method, operation in item.items():
-            if method in {"get", "put", "post", "delete", "patch", "head", "options", "trace"}:
+            if method in HTTP_METHODS:
                 yield path, method, operation
 
 
-def article(page: str, operation_id: str) -> str:
-    start = page.index(f'<article class="operation split" id="{operation_id}"')
-    return page[start : page.index("</article>", start)]
+def curl_of(operation: dict) -> str:
+    [sample] = operation["x-codeSamples"]
+    assert sample["lang"] == "Shell" and sample["label"] == "curl"
+    return sample["source"]
 
 
-def curl_of(page: str, operation_id: str) -> str:
-    match = CURL.search(article(page, operation_id))
-    assert match, f"no curl example for {operation_id}"
-    return html.unescape(match.group(1))
+# --- the page and the vendored renderer ---------------------------------------------------------
 
 
-def test_docs_helpers_are_registered(docs_app):
-    assert "api_reference" in docs_app.jinja_env.globals, (
-        "blueprints/system.py must call register_docs_helpers(system)"
+def test_the_page_loads_our_starter_then_the_vendored_scalar_and_nothing_else(client, record):
+    response = client.get("/docs")
+    assert response.status_code == 200 and response.mimetype == "text/html"
+    page = response.get_data(as_text=True)
+    assert page.lstrip().lower().startswith("<!doctype html>")
+    scripts = re.findall(r"<script[^>]*>", page)
+    assert scripts == [
+        '<script src="/static/docs.js" defer>',
+        f'<script src="/static/vendor/{record["file"]}" defer>',
+    ]
+    assert 'data-openapi-url="/api/v1/openapi.json"' in page
+    for src in re.findall(r'<script src="([^"]+)"', page):
+        served = client.get(src)
+        assert served.status_code == 200 and served.mimetype == "text/javascript"
+        served.close()
+
+
+def test_the_vendored_scalar_is_the_recorded_release(record):
+    bundle = (ROOT / "static" / "vendor" / record["file"]).read_bytes()
+    assert hashlib.sha256(bundle).hexdigest() == record["sha256"]
+    assert record["package"] == "@scalar/api-reference" and record["license"] == "MIT"
+    assert record["file"] == f"scalar-api-reference-{record['version']}.js"
+    algorithm, digest = record["npmIntegrity"].split("-", 1)
+    assert algorithm == "sha512" and len(base64.b64decode(digest)) == 64
+    assert "scalar-api-reference.json" in (ROOT / "static" / "vendor" / "README.md").read_text()
+    assert "vendor-docs:" in (ROOT / "Makefile").read_text()
+    # Only the recorded release is vendored: an upgrade deletes the file it replaces.
+    assert [p.name for p in (ROOT / "static" / "vendor").glob("scalar-*.js")] == [record["file"]]
+
+
+def test_only_the_docs_page_allows_inline_styles_and_its_scripts_stay_the_apps(client):
+    docs = client.get("/docs").headers["Content-Security-Policy"]
+    directives = dict(d.strip().split(" ", 1) for d in docs.split(";"))
+    assert directives["style-src"] == "'self' 'unsafe-inline'"
+    assert directives["script-src"] == "'self'"  # no inline script, no eval
+    assert directives["connect-src"] == "'self'"  # the request console calls this API only
+    assert directives["default-src"] == "'none'"  # no font, frame or worker from anywhere
+    assert docs == CONTENT_SECURITY_POLICY.replace(
+        "style-src 'self'", "style-src 'self' 'unsafe-inline'"
     )
-    assert {"doc_text", "doc_inline"} <= set(docs_app.jinja_env.filters)
+    for other in ("/dashboard/sign-in", "/no-such-page"):
+        policy = client.get(other, headers={"Accept": "text/html"}).headers
+        assert policy["Content-Security-Policy"] == CONTENT_SECURITY_POLICY, other
+        assert "unsafe-inline" not in policy["Content-Security-Policy"]
 
 
-def test_docs_page_is_html(docs_app):
-    response = docs_app.test_client().get("/docs")
-    assert response.status_code == 200
-    assert response.mimetype == "text/html"
-    assert response.get_data(as_text=True).lstrip().lower().startswith("<!doctype html>")
+@pytest.mark.parametrize(
+    ("query", "passed_on"),
+    [
+        ("brandId=brd_01jd3k7a9b1c3d5e7f9g1h3j5k", "brd_01jd3k7a9b1c3d5e7f9g1h3j5k"),
+        ("brandId=cmp_01jd3k9m2x4q8r7t6v5w4y3z2a", None),
+        ('brandId=brd_1"><script>alert(1)</script>', None),
+        ("brandId=", None),
+        ("", None),
+    ],
+    ids=["a-brand-id", "another-kind-of-id", "markup", "empty", "none"],
+)
+def test_the_dashboards_brand_id_is_passed_on_and_nothing_else(client, query, passed_on):
+    page = client.get(f"/docs?{query}").get_data(as_text=True)
+    found = re.findall(r'data-brand-id="([^"]*)"', page)
+    assert found == ([passed_on] if passed_on else [])
+    assert "<script>alert" not in page
 
 
-def test_page_shows_every_operation_and_path_of_the_document(page, spec):
-    found = list(operations(spec))
-    assert found, "the document has no operations"
-    for path, method, operation in found:
-        assert f'id="{operation["operationId"]}"' in page, operation["operationId"]
-        assert f'href="#{operation["operationId"]}"' in page, operation["operationId"]
-        assert html.escape(path) in page, path
-        assert f"method-{method}" in article(page, operation["operationId"])
+def test_without_javascript_the_page_points_to_the_document(client):
+    page = client.get("/docs").get_data(as_text=True)
+    fallback = page[page.index("<noscript>") : page.index("</noscript>")]
+    assert "needs JavaScript" in fallback
+    assert 'href="/api/v1/openapi.json"' in fallback
 
 
-def test_page_ids_are_unique_and_every_anchor_lands(page):
-    ids = re.findall(r'\sid="([^"]+)"', page)
-    assert len(ids) == len(set(ids))
-    for target in set(re.findall(r'href="#([^"]+)"', page)):
-        assert target in ids, target
+# --- what the document carries for any renderer ------------------------------------------------
 
 
-def test_page_has_no_script_and_no_inline_style(page):
-    assert not re.search(r"<\s*script", page, re.IGNORECASE)
-    assert not re.search(r"\sstyle\s*=", page, re.IGNORECASE)
-    assert not re.search(r"<\s*style", page, re.IGNORECASE)
-    assert not re.search(r"\son[a-z]+\s*=", page, re.IGNORECASE)  # no event handlers
-    assert "javascript:" not in page.lower()
-
-
-def test_page_loads_only_the_apps_own_stylesheets(docs_app, page):
-    sheets = re.findall(r'<link rel="stylesheet" href="([^"]+)"', page)
-    icons = re.findall(r'<link rel="icon" href="([^"]+)"', page)
-    assert sheets
-    assert icons == ["/favicon.ico", "/static/favicon.svg"]
-    assert re.findall(r"<link\b", page) == ["<link"] * (len(sheets) + len(icons))
-    client = docs_app.test_client()
-    for href in sheets:
-        assert href.startswith("/static/"), href
-        response = client.get(href)
-        assert response.status_code == 200
-        assert response.mimetype == "text/css"
-        response.close()
-
-
-def test_each_curl_example_sends_the_operations_credential_header(page, spec):
+def test_every_operation_has_a_curl_command_of_this_deployment(spec):
     schemes = spec["components"]["securitySchemes"]
     for path, method, operation in operations(spec):
-        curl = curl_of(page, operation["operationId"])
-        assert curl.startswith("curl ")
-        assert path in curl
-        if method != "get":
-            assert f"-X {method.upper()}" in curl
-        security = operation.get("security", spec.get("security")) or []
-        if not security:
-            continue
-        first = next(iter(security[0]))
-        header = schemes[first]["name"] if schemes[first]["type"] == "apiKey" else "Authorization"
-        assert f'-H "{header}: ' in curl, (operation["operationId"], curl)
-        others = {
-            s["name"] for name, s in schemes.items() if s.get("in") == "header" and name != first
-        }
-        for other in others:
-            assert f'-H "{other}: ' not in curl, (operation["operationId"], curl)
-
-
-def test_create_key_uses_the_bootstrap_token_and_others_the_api_key(page):
-    assert '-H "X-Service-Bootstrap-Token: ' in curl_of(page, "createKey")
-    assert "X-Api-Key" not in curl_of(page, "createKey")
-    for operation_id in ("rotateKey", "fetchKeys", "revokeKey"):
-        curl = curl_of(page, operation_id)
-        assert '-H "X-Api-Key: ' in curl
-        assert "Bootstrap" not in curl
-
-
-def test_curl_bodies_are_json_with_every_required_field(page, spec):
-    schemas = spec["components"]["schemas"]
-    for _path, _method, operation in operations(spec):
-        curl = curl_of(page, operation["operationId"])
-        if "requestBody" not in operation:
+        curl = curl_of(operation)
+        first_line = curl.splitlines()[0].removesuffix(" \\")
+        url = re.sub(r"\{(\w+)\}", lambda m: "$" + _variable(m.group(1)), path)
+        expected = f'"{BASE}/api/v1{url}"'
+        assert first_line == (
+            f"curl {expected}" if method == "get" else f"curl -X {method.upper()} {expected}"
+        ), operation["operationId"]
+        [requirement, *_] = operation["security"]
+        [scheme] = requirement
+        sent = {"ApiKey": "X-Api-Key: $KEY", "BootstrapToken": "X-Service-Bootstrap-Token: $TOKEN"}
+        assert f'-H "{sent[scheme]}"' in curl, operation["operationId"]
+        others = {s["name"] for n, s in schemes.items() if s.get("in") == "header" and n != scheme}
+        assert not any(f'-H "{other}: ' in curl for other in others), operation["operationId"]
+        body = operation.get("requestBody", {}).get("content", {}).get("application/json")
+        if body is None:
             assert " -d " not in curl
             continue
-        match = JSON_BODY.search(curl)
-        assert match, curl
-        body = json.loads(match.group(1).replace("'\\''", "'"))
-        ref = operation["requestBody"]["content"]["application/json"]["schema"]["$ref"]
-        schema = schemas[ref.rsplit("/", 1)[-1]]
-        assert set(schema.get("required", [])) <= set(body)
-        assert set(body) <= set(schema["properties"])
+        data = re.search(r"-d '(.*)'$", curl, re.S)
+        assert data, curl
+        sent_body = json.loads(data.group(1))
+        schema = spec["components"]["schemas"][body["schema"]["$ref"].rsplit("/", 1)[1]]
+        assert set(schema.get("required", [])) <= set(sent_body) <= set(schema["properties"])
         assert '-H "Content-Type: application/json"' in curl
 
 
-def test_page_shows_fields_constraints_and_errors(page, spec):
-    create = article(page, "createKey")
-    assert "orders-service" in create  # the body field's example
-    assert "1-100 characters once surrounding spaces are trimmed" in create
-    assert "pattern" in create  # the same rule, exactly, for a client generator
-    assert "VALIDATION_ERROR" in create and "PAYLOAD_TOO_LARGE" in create
-    assert "secret" in create  # a field of the response's data
-    assert "bootstrap token only" in create  # the credential note
-    revoke = article(page, "revokeKey")
-    assert "NOT_FOUND" in revoke and "keyId" in revoke
-    codes = spec["components"]["schemas"]["ErrorEnvelope"]["properties"]["errorCode"]["enum"]
-    errors = page[page.index('id="errors"') :]
-    for code in codes:
-        assert code in errors
+def _variable(parameter: str) -> str:
+    name = parameter.removesuffix("Id").upper()
+    return {"BRAND": "BRAND", "KEY": "KEY_ID"}.get(name, name)
 
 
-def test_page_has_the_sections_and_a_link_to_the_raw_document(page, spec):
-    for anchor in ("introduction", "authentication", "envelope", "errors"):
-        assert f'id="{anchor}"' in page
-        assert f'href="#{anchor}"' in page
-    assert 'href="/api/v1/openapi.json"' in page
-    assert html.escape(spec["info"]["title"]) in page
-    for scheme in spec["components"]["securitySchemes"].values():
-        if scheme["type"] == "apiKey":
-            assert scheme["name"] in page[page.index('id="authentication"') :]
-    for tag in {t for _p, _m, op in operations(spec) for t in op.get("tags", [])}:
-        assert html.escape(tag) in page
+def test_record_postbacks_curl_sends_its_idempotency_key(spec):
+    [operation] = [op for _p, _m, op in operations(spec) if op["operationId"] == "recordPostback"]
+    assert '-H "Idempotency-Key: order-20931-purchase"' in curl_of(operation)
 
 
-# A document of the same shape with what later routes will bring: query parameters, a paged list,
-# nested objects, a body-less response, an open operation, and text that must be escaped.
-FUTURE = {
-    "openapi": "3.0.3",
-    "info": {"title": "Future <API>", "version": "2", "description": "Use `X-Api-Key`.\n\n- one"},
-    "servers": [{"url": "/api/v1"}],
-    "paths": {
-        "/brand/{brandId}/webhook/fetch-endpoints": {
-            "get": {
-                "operationId": "fetchEndpoints",
-                "summary": "List webhook endpoints",
-                "description": "Paged <script>alert(1)</script>\n\n**Credential:** `read` scope.",
-                "tags": ["Webhooks"],
-                "parameters": [
-                    {
-                        "in": "path",
-                        "name": "brandId",
-                        "required": True,
-                        "schema": {"type": "string"},
-                    },
-                    {
-                        "in": "query",
-                        "name": "page",
-                        "required": False,
-                        "description": "Page, from 1.",
-                        "schema": {"type": "integer", "default": 1, "minimum": 1},
-                    },
-                    {
-                        "in": "query",
-                        "name": "status",
-                        "required": True,
-                        "schema": {"type": "string", "enum": ["active", "disabled"]},
-                    },
-                ],
-                "responses": {
-                    "200": {
-                        "description": "OK",
-                        "content": {
-                            "application/json": {
-                                "schema": {"$ref": "#/components/schemas/EndpointListEnvelope"}
-                            }
-                        },
-                    },
-                    "401": {"$ref": "#/components/responses/Unauthorized"},
-                },
-                "security": [{"ApiKey": []}],
-            }
-        },
-        "/brand/{brandId}/conversion/{conversionId}/delete": {
-            "delete": {
-                "operationId": "deleteConversion",
-                "summary": "Delete a conversion",
-                "tags": ["Conversions"],
-                "parameters": [
-                    {
-                        "in": "path",
-                        "name": "brandId",
-                        "required": True,
-                        "schema": {"type": "string"},
-                    },
-                    {
-                        "in": "path",
-                        "name": "conversionId",
-                        "required": True,
-                        "schema": {"type": "string"},
-                    },
-                ],
-                "requestBody": {
-                    "content": {
-                        "application/json": {
-                            "schema": {"$ref": "#/components/schemas/ConversionDelete"}
-                        }
-                    }
-                },
-                "responses": {"204": {"description": "Deleted"}},
-                "security": [],
-            }
-        },
-    },
-    "components": {
-        "schemas": {
-            "Endpoint": {
-                "type": "object",
-                "properties": {
-                    "id": {"type": "string", "example": "whe_1"},
-                    "target": {
-                        "description": "Where events go.",
-                        "allOf": [{"$ref": "#/components/schemas/Target"}],
-                    },
-                    "events": {"type": "array", "items": {"$ref": "#/components/schemas/Target"}},
-                },
-            },
-            "Target": {
-                "type": "object",
-                "properties": {
-                    "url": {"type": "string", "format": "url", "example": "https://shop.test/h"},
-                    "timeoutMs": {"type": "integer", "maximum": 10000, "nullable": True},
-                },
-                "required": ["url"],
-            },
-            "PageMeta": {
-                "type": "object",
-                "properties": {"page": {"type": "integer"}, "hasNext": {"type": "boolean"}},
-                "required": ["page", "hasNext"],
-            },
-            "EndpointListEnvelope": {
-                "type": "object",
-                "properties": {
-                    "status": {"type": "boolean"},
-                    "data": {"type": "array", "items": {"$ref": "#/components/schemas/Endpoint"}},
-                    "requestId": {"type": "string"},
-                    "meta": {"$ref": "#/components/schemas/PageMeta"},
-                },
-                "required": ["status", "data", "requestId", "meta"],
-            },
-            "ConversionDelete": {
-                "type": "object",
-                "properties": {"reason": {"type": "string", "maxLength": 200}},
-                "required": ["reason"],
-            },
-            "ErrorEnvelope": {
-                "type": "object",
-                "properties": {
-                    "status": {"type": "boolean"},
-                    "errorCode": {"type": "string", "enum": ["UNAUTHORIZED", "CONFLICT"]},
-                },
-            },
-        },
-        "responses": {
-            "Unauthorized": {
-                "description": "UNAUTHORIZED: no credential.",
-                "content": {
-                    "application/json": {"schema": {"$ref": "#/components/schemas/ErrorEnvelope"}}
-                },
-            }
-        },
-        "securitySchemes": {"ApiKey": {"type": "apiKey", "in": "header", "name": "X-Api-Key"}},
-    },
-}
+def test_the_introduction_has_the_envelope_error_code_and_header_tables(spec):
+    text = spec["info"]["description"]
+    headings = re.findall(r"^## (.+)$", text, re.M)
+    assert headings == ["Authentication", "Envelope", "Errors", "Webhooks", "Paths", "License"]
+    envelope = text[text.index("## Envelope") : text.index("## Errors")]
+    for field in ("status", "statusCode", "message", "data", "requestId", "meta", "errorCode"):
+        assert f"| `{field}` |" in envelope, field
+    for field in ("page", "limit", "total", "totalPages", "hasNext", "totalExact", "errors"):
+        assert f"| `{field}` |" in envelope, field
+    errors = text[text.index("## Errors") : text.index("## Webhooks")]
+    rows = re.findall(r"^\| `([A-Z_]+)` \| (\d{3}) \|", errors, re.M)
+    assert [code for code, _status in rows] == list(ERROR_CODES)
+    assert dict(rows)["RATE_LIMITED"] == "429" and dict(rows)["SERVICE_UNAVAILABLE"] == "503"
+    webhooks = text[text.index("## Webhooks") : text.index("## Paths")]
+    for header in ("X-Service-Signature", "X-Service-Delivery", "webhook-signature"):
+        assert f"| `{header}` |" in webhooks
+    assert spec["info"]["license"]["url"] == f"{BASE}/docs#description/license"
 
 
-@pytest.fixture(scope="module")
-def future_page(docs_app) -> str:
-    validate(FUTURE)
-    with docs_app.test_request_context("/docs"):
-        return render_template("docs.html", spec=FUTURE)
-
-
-def test_any_document_of_the_shape_renders(future_page):
-    for operation_id in ("fetchEndpoints", "deleteConversion"):
-        assert f'id="{operation_id}"' in future_page
-    assert "/brand/{brandId}/webhook/fetch-endpoints" in future_page
-    assert "/brand/{brandId}/conversion/{conversionId}/delete" in future_page
-    fetch = article(future_page, "fetchEndpoints")
-    for shown in ("page", "status", "active", "disabled", "target.", "timeoutMs", "events[]."):
-        assert shown in fetch, shown
-    assert "Where events go." in fetch
-    delete = article(future_page, "deleteConversion")
-    assert "No response body" in delete
-    assert "No credential required" in delete
-    curl = curl_of(future_page, "deleteConversion")
-    assert '-H "X-Api-Key' not in curl
-    assert json.loads(JSON_BODY.search(curl).group(1)) == {"reason": "string"}
-    assert "status=active" in curl_of(future_page, "fetchEndpoints")
-    envelope = future_page[future_page.index('id="envelope"') : future_page.index('id="errors"')]
-    assert "meta" in envelope and "hasNext" in envelope
-    assert "CONFLICT" in future_page[future_page.index('id="errors"') :]
-
-
-def test_document_text_is_escaped(future_page):
-    assert "<script" not in future_page
-    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in future_page
-    assert "Future &lt;API&gt;" in future_page
-
-
-def test_description_formatting_is_escaped_first():
-    assert doc_inline("a `<b>` **bold** <i>") == Markup(
-        "a <code>&lt;b&gt;</code> <strong>bold</strong> &lt;i&gt;"
+def test_every_json_answer_has_a_whole_example_that_its_schema_takes(spec):
+    registry = Registry().with_resource(
+        "urn:doc", Resource.from_contents(spec, default_specification=DRAFT202012)
     )
-    assert doc_inline("`**not bold**`") == Markup("<code>**not bold**</code>")
-    assert doc_inline("an `unclosed tick") == Markup("an `unclosed tick")
-    rendered = doc_text("One\nline.\n\n- first `x`\n- second\n  continued\n\nLast <p>")
-    assert rendered == Markup(
-        "<p>One line.</p>\n<ul><li>first <code>x</code></li><li>second continued</li></ul>\n"
-        "<p>Last &lt;p&gt;</p>"
-    )
-    assert doc_text(None) == Markup("")
 
+    def check(schema: dict, example: dict, where: str) -> None:
+        validator = Draft202012Validator(
+            {"$ref": "urn:doc#/components/schemas/" + schema["$ref"].rsplit("/", 1)[1]},
+            registry=registry,
+        )
+        assert [e.message for e in validator.iter_errors(example)] == [], where
 
-def test_reference_resolves_refs_and_builds_examples(spec):
-    # A relative server URL is taken from the site the reader reached.
-    reference = api_reference(spec | {"servers": [{"url": "/api/v1"}]}, "https://api.example.test/")
-    by_id = {op["id"]: op for tag in reference["tags"] for op in tag["operations"]}
-    assert set(by_id) == {op["operationId"] for _p, _m, op in operations(spec)}
-    create = by_id["createKey"]
-    assert create["curl"].startswith(
-        'curl -X POST "https://api.example.test/api/v1/brand/{brandId}/api-key/create-key"'
-    )
-    assert {f["name"] for f in create["body"]["fields"]} == {"name", "scopes"}
-    assert create["body"]["example"] == {"name": "orders-service", "scopes": ["read", "write"]}
-    assert create["notes"][0] == {"label": "Credential", "text": "bootstrap token only."}
-    assert create["notes"][1]["label"] == "Rate limit"
-    assert "RATE_LIMIT_PER_KEY" in create["notes"][1]["text"]
-    postback_notes = by_id["recordPostback"]["notes"]
-    assert "POSTBACK_RATE_LIMIT_PER_KEY" in postback_notes[1]["text"]
-    fetch = by_id["fetchKeys"]
-    assert fetch["success"]["data_many"] is True
-    assert "keyPrefix" in {f["name"] for f in fetch["success"]["fields"]}
-    assert json.loads(fetch["success"]["example"])["data"][0]["keyPrefix"] == "svc_live_4Fq"
-    codes = {c["code"]: c["status"] for c in reference["envelope"]["codes"]}
-    assert codes["VALIDATION_ERROR"] == "400" and codes["SERVICE_UNAVAILABLE"] == "503"
-
-
-def test_docs_page_documents_every_event_with_its_sample_body(docs_app):
-    from models.event_catalog import EVENT_TYPES, sample_data
-
-    page = docs_app.test_client().get("/docs").get_data(as_text=True)
-    assert "X-Service-Signature" in page and "X-Service-Delivery" in page
-    for name, event in EVENT_TYPES.items():
-        anchor = f'id="event-{name.replace(".", "-").replace("_", "-")}"'
-        assert anchor in page, name
-        article = page[page.index(anchor) :]
-        article = article[: article.index("</article>")]
-        assert event.description in html.unescape(article)
-        code = re.search(r"<pre><code>(.*?)</code></pre>", article, re.DOTALL).group(1)
-        body = json.loads(html.unescape(code))
-        assert body["type"] == name
-        assert body["data"] == sample_data(name)
+    for _path, _method, operation in operations(spec):
+        for status, response in operation["responses"].items():
+            media = response.get("content", {}).get("application/json")
+            if media is None:
+                continue
+            example = media["example"]
+            assert example["status"] is True and example["statusCode"] == int(status)
+            assert example["message"] == response["description"]
+            check(media["schema"], example, f"{operation['operationId']} {status}")
+    for name, response in spec["components"]["responses"].items():
+        media = response["content"]["application/json"]
+        example = media["example"]
+        assert example["status"] is False
+        assert response["description"].startswith(example["errorCode"] + ": ")
+        check(media["schema"], example, name)

@@ -99,7 +99,13 @@ def test_emit_prints_the_event_id_and_fans_out_to_subscribers(
 
 def test_emit_sends_the_given_data(app, runner, client, brand, write_key):
     endpoint = register(client, brand, write_key, ["conversion.recorded"])
-    data = {"id": "conv_1", "valueMinor": 1250000, "currency": "NGN", "metadata": {"a": [1, 2]}}
+    data = sample_data("conversion.recorded") | {
+        "id": "conv_1",
+        "valueMinor": 990,
+        "currency": "USD",
+        "metadata": {"a": [1, 2]},
+        "linkId": None,
+    }
 
     result = runner.invoke(
         args=["events", "emit", brand, "conversion.recorded", "--data", json.dumps(data)]
@@ -161,6 +167,9 @@ def test_emit_to_a_brand_without_subscribers_records_the_event_only(app, runner,
     assert counts(app) == (1, 0)
 
 
+_DEAL = sample_data("deal.completed")
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -170,8 +179,33 @@ def test_emit_to_a_brand_without_subscribers_records_the_event_only(app, runner,
         (["BRAND", "deal.completed", "--data", "[1, 2]"], "JSON object"),
         (["BRAND", "deal.completed", "--data", '"text"'], "JSON object"),
         (["BRAND", "deal.completed", "--data", "null"], "JSON object"),
+        # Receivers are promised the shape the document states: every field, nothing else.
+        (["BRAND", "deal.completed", "--data", "{}"], "agreedAmountMinor: Missing"),
+        (
+            ["BRAND", "deal.completed", "--data", json.dumps(_DEAL | {"extra": 1})],
+            "extra: Unknown field",
+        ),
+        (
+            ["BRAND", "deal.completed", "--data", json.dumps(_DEAL | {"status": "done"})],
+            "status: Must be one of",
+        ),
+        (
+            ["BRAND", "escrow.held", "--data", json.dumps(sample_data("deal.completed"))],
+            "is not escrow.held data",
+        ),
     ],
-    ids=["unknown-brand", "unknown-event", "invalid-json", "array", "string", "null"],
+    ids=[
+        "unknown-brand",
+        "unknown-event",
+        "invalid-json",
+        "array",
+        "string",
+        "null",
+        "empty-data",
+        "unknown-field",
+        "not-a-status",
+        "another-events-data",
+    ],
 )
 def test_emit_refuses_bad_input_and_creates_nothing(
     app, runner, client, brand, write_key, args, message
@@ -231,7 +265,8 @@ def test_emit_with_data_and_a_running_worker_says_only_what_it_queued(
             while not Worker.all(connection=redis_connection(app)):
                 assert time.monotonic() < deadline, worker.output()
                 time.sleep(0.1)
-        result = runner.invoke(args=["events", "emit", brand, "deal.completed", "--data", "{}"])
+        data = json.dumps(sample_data("deal.completed"))
+        result = runner.invoke(args=["events", "emit", brand, "deal.completed", "--data", data])
     finally:
         worker.stop()
     assert result.exit_code == 0, result.output
@@ -239,7 +274,8 @@ def test_emit_with_data_and_a_running_worker_says_only_what_it_queued(
 
 
 def test_emit_to_nobody_says_nothing_is_delivered(runner, brand):
-    result = runner.invoke(args=["events", "emit", brand, "escrow.held", "--data", "{}"])
+    data = json.dumps(sample_data("escrow.held"))
+    result = runner.invoke(args=["events", "emit", brand, "escrow.held", "--data", data])
     assert result.exit_code == 0
     assert "No active endpoint of this brand subscribes to escrow.held" in result.stderr
 

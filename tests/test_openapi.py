@@ -151,7 +151,7 @@ def test_servers_give_the_absolute_base_of_this_deployment(client):
     ]
     assert spec["info"]["license"] == {
         "name": "Proprietary",
-        "url": "https://api.example.test/docs#license",
+        "url": "https://api.example.test/docs#description/license",
     }
 
 
@@ -241,7 +241,7 @@ def test_id_filters_and_labels_state_the_patterns_their_validators_use(client):
     event_type = re.compile(postback["eventType"]["pattern"])
     assert event_type.match("purchase") and not event_type.match("pur\x85chase")
     register = schemas["EndpointRegister"]["properties"]
-    assert "deal.completed" in register["events"]["not"]["items"]["not"]["enum"]
+    assert "deal.completed" in register["events"]["contains"]["enum"]
     url = re.compile(register["url"]["pattern"])
     assert url.match("https://hooks.example.com/brand-api") and url.match("http://localhost:8000/h")
     assert not url.match("http://hooks.example.com/") and not url.match("https://10.0.0.1/")
@@ -325,4 +325,33 @@ def test_the_spaces_trimmed_are_every_whitespace_that_is_no_control_character():
     assert {c for c in whitespace if re.fullmatch(f"[{SPACES}]", c)} == whitespace
     assert not any(
         re.fullmatch(f"[{SPACES}]", chr(c)) for c in range(0x110000) if chr(c) not in whitespace
+    )
+
+
+def test_an_integral_number_is_an_integer_as_the_documents_json_schema_counts_them(
+    client, brand, write_key
+):
+    """OpenAPI 3.1 is JSON Schema 2020-12, where `1250.0` is an integer: the server takes it
+    as 1250, and still refuses `12.5` and `"1250"`."""
+    postback = f"/api/v1/brand/{brand}/conversion/record-postback"
+    headers = {"X-Api-Key": write_key, "Idempotency-Key": "order-20931-purchase"}
+    stored = client.post(
+        postback, json={"eventType": "purchase", "valueMinor": 1250.0}, headers=headers
+    )
+    assert stored.status_code == 201, stored.get_json()
+    conversion_id = stored.get_json()["data"]["conversionId"]
+    fetched = client.get(
+        f"/api/v1/brand/{brand}/conversion/{conversion_id}", headers={"X-Api-Key": write_key}
+    ).get_json()["data"]
+    assert fetched["valueMinor"] == 1250 and isinstance(fetched["valueMinor"], int)
+    for refused in (12.5, "1250"):
+        answer = client.post(
+            postback,
+            json={"eventType": "purchase", "valueMinor": refused},
+            headers=headers | {"Idempotency-Key": "order-20932-purchase"},
+        )
+        assert answer.status_code == 400 and "valueMinor" in answer.get_json()["errors"]
+    document = client.get("/api/v1/openapi.json").get_json()
+    assert document["components"]["schemas"]["Postback"]["properties"]["valueMinor"]["type"] == (
+        "integer"
     )

@@ -51,6 +51,7 @@ from services.platform_changes.placements import (
     verify_placement,
 )
 from services.platform_changes.workspace import complete_kyb_verification
+from tests.event_schemas import contract_of
 from tests.helpers import assert_success
 from tests.receiver import Receiver
 
@@ -1189,8 +1190,10 @@ def test_catalogue_samples_have_the_keys_of_the_real_events(platform):
 
     names = {event["type"] for event in produced}
     assert names == set(EVENT_NAMES) - NOT_PLATFORM_EVENTS  # the walk covers every one
+    contract = contract_of(platform.app)  # and each is what the document's webhooks state
     for event in produced:
         assert shape(event["data"]) == shape(sample_data(event["type"])), event["type"]
+        assert contract.body_problems(event) == [], event["type"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1259,9 +1262,11 @@ def test_demo_simulate_events_reach_a_subscribed_endpoint_signed(
                 )
             ).all()
         )
+    contract = contract_of(app)
     for event in expected:
         request = by_event[event["id"]]
         assert request.signature_valid, request.headers
+        contract.assert_delivery(request.json, request.headers)
         assert request.headers["X-Service-Event"] == event["type"] == request.json["type"]
         assert request.headers["X-Service-Delivery"].startswith("whd_")
         assert request.json["brandId"] == brand_id

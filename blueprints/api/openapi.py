@@ -14,7 +14,16 @@ from marshmallow import Schema
 from werkzeug.routing import Rule
 
 from blueprints.api import API_PREFIX, IdConverter, api
+from blueprints.api.code_samples import add_code_samples, with_server
+from blueprints.api.introduction import LICENSE_HEADING, introduction
 from blueprints.api.operations import NUL_FREE_PATTERN
+from blueprints.api.response_examples import add_response_examples
+from blueprints.api.webhook_events import (
+    WEBHOOK_TAG,
+    WEBHOOK_TAG_DESCRIPTION,
+    add_webhooks,
+    register_event_schemas,
+)
 from models.api_key import WRITE
 from models.columns import id_pattern
 from models.event_catalog import SAMPLE_RECORDS
@@ -44,6 +53,9 @@ PATH_PARAMETER_DESCRIPTIONS = {
     "`conversion.recorded` event.",
 }
 
+# JSON Schema keywords of OpenAPI 3.1 a field may state in its metadata (apispec's list of what
+# it copies is OpenAPI 3.0's).
+_PASSED_KEYWORDS = ("contains", "const")
 RETRY_AFTER = "Retry-After"
 RATE_LIMIT_HEADERS = ("RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset")
 _HEADERS = {
@@ -124,21 +136,9 @@ _ERROR_RESPONSES = {
 # The header a 429 and a 503 always carry.
 _REQUIRED_HEADERS = {"RateLimited": {RETRY_AFTER}, "ServiceUnavailable": {RETRY_AFTER}}
 
-API_DESCRIPTION = """\
-The server-to-server interface for a brand's backend: API keys, signed outbound webhooks,
-idempotent conversion postbacks and read-only views of the brand's data.
-
-Every response is an envelope: `status`, `statusCode`, `message`, `data` (on success),
-`errorCode` (on failure), `requestId` (also the `X-Request-Id` header) and `meta` (on paged lists).
-Authenticate with `X-Api-Key: svc_live_…` (or `Authorization: Bearer svc_live_…`); the first key is
-created with the bootstrap token support issues (`X-Service-Bootstrap-Token: bst_…`).
-
-**Paths:** `/webhook/{endpointId}/…` and `/webhook/deliveries/{deliveryId}` look alike to a
-linter (could `deliveries` be an endpoint id?). It never is: every id starts with its type's
-prefix, which each path parameter's `pattern` states (`whe_…` for an endpoint), and a literal
-segment is always matched before a parameter.
-"""
-LICENSE = {"name": "Proprietary", "anchor": "license"}
+LICENSE_NAME = "Proprietary"
+# Where a renderer puts the introduction's `## License` (Scalar: `#description/<slug>`).
+LICENSE_ANCHOR = "description/" + LICENSE_HEADING.lower()
 
 
 @api.get(OPENAPI_PATH)
@@ -155,10 +155,11 @@ def openapi_spec(app: Flask) -> dict:
     built = app.extensions["openapi"]
     root = request.url_root.rstrip("/") if has_request_context() else ""
     info = built["info"] | {
-        "license": {"name": LICENSE["name"], "url": f"{root}/docs#{LICENSE['anchor']}"}
+        "license": {"name": LICENSE_NAME, "url": f"{root}/docs#{LICENSE_ANCHOR}"}
     }
     servers = [{"url": root + API_PREFIX, "description": "This deployment"}]
-    return built | {"info": info, "servers": servers}
+    paths = with_server(built["paths"], root + API_PREFIX)
+    return built | {"info": info, "servers": servers, "paths": paths}
 
 
 def build_openapi(app: Flask) -> dict:
@@ -166,9 +167,9 @@ def build_openapi(app: Flask) -> dict:
     spec = APISpec(
         title="Brand Server-to-Server API",
         version="1",
-        openapi_version="3.0.3",
+        openapi_version="3.1.0",
         plugins=[marshmallow],
-        info={"description": API_DESCRIPTION},
+        info={"description": introduction(_ERROR_RESPONSES)},
         servers=[{"url": API_PREFIX, "description": "This deployment"}],
     )
     spec.components.security_scheme(
@@ -191,7 +192,12 @@ def build_openapi(app: Flask) -> dict:
     def receiver_url_pattern(_converter, field, **_) -> dict:
         return {"pattern": url_pattern(url_policy)} if isinstance(field, EndpointUrl) else {}
 
+    def json_schema_keywords(_converter, field, **_) -> dict:
+        # JSON Schema 2020-12 keywords apispec does not copy from a field's metadata.
+        return {key: field.metadata[key] for key in _PASSED_KEYWORDS if key in field.metadata}
+
     marshmallow.converter.add_attribute_function(receiver_url_pattern)
+    marshmallow.converter.add_attribute_function(json_schema_keywords)
     for name, (description, schema, _required) in _HEADERS.items():
         spec.components.header(name, {"description": description, "schema": schema})
     spec.components.schema("ErrorEnvelope", schema=ErrorEnvelopeSchema)
@@ -205,6 +211,7 @@ def build_openapi(app: Flask) -> dict:
             },
         )
 
+    register_event_schemas(spec)
     bodies: set[type[Schema]] = set()
     for rule in sorted(app.url_map.iter_rules(), key=lambda r: r.rule):
         view = app.view_functions.get(rule.endpoint)
@@ -228,7 +235,29 @@ def build_openapi(app: Flask) -> dict:
     schemas = document["components"]["schemas"]
     for name, record in SAMPLE_RECORDS.items():
         schemas[name]["example"] = copy.deepcopy(dict(record))
+    add_webhooks(document)
+    add_code_samples(document)
+    add_response_examples(
+        document, {name: status for name, (status, _text, _headers) in _ERROR_RESPONSES.items()}
+    )
+    document["tags"] = _tags(document)
     return document
+
+
+def _tags(document: dict) -> list[dict]:
+    """The operations' tags in the order of the paths, then the webhooks' (a renderer shows
+    them in this order)."""
+    names = [
+        tag
+        for item in (*document["paths"].values(), *document["webhooks"].values())
+        for operation in item.values()
+        for tag in operation["tags"]
+    ]
+    described = {WEBHOOK_TAG: WEBHOOK_TAG_DESCRIPTION}
+    return [
+        {"name": name} | ({"description": described[name]} if name in described else {})
+        for name in dict.fromkeys(names)
+    ]
 
 
 def _operation(declared, auth, rule: Rule) -> dict:
@@ -272,8 +301,6 @@ def _operation(declared, auth, rule: Rule) -> dict:
         "parameters": parameters,
         "responses": responses,
     }
-    if declared.callbacks:
-        document["callbacks"] = declared.callbacks
     if declared.body is not None:
         document["requestBody"] = {
             # rotate-secret's body may be left out; a body with a required field may not.
@@ -343,7 +370,7 @@ def _refuse_nul(schema: dict, components: dict, seen: set[str]) -> None:
             seen.add(name)
             _refuse_nul(components[name], components, seen)
         return
-    if schema.get("type") == "string" and not {"pattern", "enum", "format"} & set(schema):
+    if "string" in _types(schema) and not {"pattern", "enum", "format"} & set(schema):
         schema["pattern"] = NUL_FREE_PATTERN
     for nested in (*schema.get("properties", {}).values(), schema.get("items")):
         if isinstance(nested, dict):
@@ -351,6 +378,12 @@ def _refuse_nul(schema: dict, components: dict, seen: set[str]) -> None:
     for alternatives in (schema.get("anyOf", []), schema.get("oneOf", [])):
         for nested in alternatives:
             _refuse_nul(nested, components, seen)
+
+
+def _types(schema: dict) -> list[str]:
+    """A schema's `type` as a list (OpenAPI 3.1: `"string"` or `["string", "null"]`)."""
+    types = schema.get("type", [])
+    return [types] if isinstance(types, str) else types
 
 
 def _path_parameter_schema(rule: Rule, name: str) -> dict:

@@ -52,8 +52,6 @@ class Operation:
     # `replay: true`); the response schema dumps every success alike.
     other_schemas: dict[int, type[Schema]] = field(default_factory=dict)
     errors: tuple[int, ...] = field(default_factory=tuple)
-    # OpenAPI callbacks: requests this operation makes the service send (webhook deliveries).
-    callbacks: dict | None = None
 
 
 def operation(**declaration):

@@ -5,7 +5,6 @@ from __future__ import annotations
 from blueprints.api import api
 from blueprints.api.auth import authenticate, current_caller
 from blueprints.api.operations import operation
-from blueprints.api.webhook_callbacks import delivery_callback
 from models.api_key import READ, WRITE
 from models.columns import utcnow
 from schemas.webhooks import (
@@ -48,7 +47,8 @@ ENDPOINTS = "Webhook endpoints"
 DELIVERIES = "Webhook deliveries"
 SIGNATURE_HELP = (
     " Deliveries are signed: `X-Service-Signature: sha256=<hex>` is HMAC-SHA256 over "
-    "`{X-Service-Timestamp}.{rawBody}` with the signing secret."
+    "`{X-Service-Timestamp}.{rawBody}` with the signing secret. What each event's delivery "
+    "carries: the document's `webhooks`."
 )
 
 
@@ -65,7 +65,6 @@ SIGNATURE_HELP = (
     status=201,
     message="Webhook endpoint registered; store the signing secret now, it is not shown again",
     errors=(409,),  # the brand has MAX_ENDPOINTS_PER_BRAND endpoints already
-    callbacks=delivery_callback(),
 )
 def register_webhook_endpoint(brand_id: str, body: dict):
     return register_endpoint(policy=current_url_policy(), brand_id=brand_id, **body)

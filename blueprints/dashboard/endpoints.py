@@ -32,6 +32,7 @@ from models.columns import utcnow
 from models.event_catalog import DEFAULT_SUBSCRIPTION, EVENT_NAMES, EVENT_TYPES, TEST_EVENT
 from schemas.base import iso_timestamp
 from schemas.dashboard import ExampleEventSchema
+from schemas.events import event_data
 from schemas.webhooks import (
     DeliverySchema,
     EndpointRegisterSchema,
@@ -609,7 +610,9 @@ def _snippet_values(endpoint: dict, brand_id: str) -> dict:
             "createdAt": iso_timestamp(utcnow()),
             "brandId": brand_id,
             "apiVersion": API_VERSION,
-            "data": {"endpointId": endpoint["id"], "message": TEST_MESSAGE},
+            "data": event_data(
+                TEST_EVENT, {"endpoint_id": endpoint["id"], "message": TEST_MESSAGE}
+            ),
         },
         separators=(",", ":"),
     )

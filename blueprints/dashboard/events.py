@@ -2,7 +2,7 @@
 body a receiver gets for it, the default subscription, and which of the brand's endpoints
 subscribe to it (CONTRACT 6.1).
 
-The bodies are the catalogue's samples (`sample_data`, as the OpenAPI callback and `flask events
+The bodies are the catalogue's samples (`sample_data`, as the OpenAPI `webhooks` and `flask events
 emit` use them) in the envelope `publish_event` writes, with this brand's id.
 """
 

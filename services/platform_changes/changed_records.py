@@ -8,24 +8,12 @@ from typing import TypeVar
 from sqlalchemy import select
 
 from extensions import db
-from models import Campaign, Deal, EscrowHold, Placement
-from schemas.base import camelcase
-from schemas.campaigns import CampaignSchema
-from schemas.deals import DealSchema
-from schemas.escrow_holds import EscrowHoldSchema
-from schemas.placements import PlacementSchema
+from models import Campaign, Deal
+from schemas.events import event_data
 from services.errors import NotFound
 from services.events import PublishedEvent, publish_event
 
 Record = TypeVar("Record")
-
-# Event `data` is the record in its read-API shape (the same schemas as the read routes).
-_SHAPES = {
-    Campaign: CampaignSchema(),
-    Deal: DealSchema(),
-    EscrowHold: EscrowHoldSchema(),
-    Placement: PlacementSchema(),
-}
 
 
 def locked(model: type[Record], record_id: str) -> Record:
@@ -64,8 +52,10 @@ def lock_deal(deal_id: str) -> tuple[Campaign, Deal]:
     return campaign, locked(Deal, deal_id)
 
 
-def announce(*, brand_id: str, name: str, record, now: datetime, **changes) -> PublishedEvent:
-    """Publish `name` about `record`, plus what changed (`previous_status=...`)."""
-    data = _SHAPES[type(record)].dump(record)
-    data.update({camelcase(key): value for key, value in changes.items()})
+def announce(
+    *, brand_id: str, name: str, record: object, now: datetime, **changes: object
+) -> PublishedEvent:
+    """Publish `name` about `record` (its read-API shape), plus what changed
+    (`previous_status=...`): the event's schema (`schemas.events`) writes its data."""
+    data = event_data(name, record, **changes)
     return publish_event(brand_id=brand_id, name=name, data=data, now=now)

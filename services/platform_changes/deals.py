@@ -21,12 +21,13 @@ from models.deal import (
     COMPLETED,
     CREATOR_HANDLE_MAX_LENGTH,
     DECLINED,
+    DISPUTE_OUTCOMES,
     DISPUTED,
     EXPIRED,
     IN_PROGRESS,
     OFFERED,
 )
-from schemas.base import iso_timestamp
+from schemas.events import event_data
 from services.errors import Conflict, ValidationFailed
 from services.events import publish_event
 from services.platform_changes.changed_records import announce, lock_deal, locked
@@ -50,7 +51,6 @@ _OWN_EVENT = {
     CANCELLED: "deal.cancelled",
     DISPUTED: "deal.disputed",
 }
-DISPUTE_OUTCOMES = ("creator", "brand", "split")
 
 
 def offer_deal(
@@ -175,19 +175,20 @@ def resolve_dispute(deal_id: str, *, outcome: str, now: datetime | None = None) 
         raise Conflict(f"Deal {deal.id} is {deal.status}, not disputed")
     held = deal.escrow_held_minor
     release = {"creator": held, "brand": 0, "split": held // 2}[outcome]
-    # A dispute is not a record of this service: its event data is plain.
+    # A dispute is not a record of this service: its event is all it leaves.
+    resolution = {
+        "deal_id": deal.id,
+        "campaign_id": deal.campaign_id,
+        "outcome": outcome,
+        "released_minor": release,
+        "refunded_minor": held - release,
+        "currency": deal.currency,
+        "resolved_at": now,
+    }
     publish_event(
         brand_id=deal.brand_id,
         name="dispute.resolved",
-        data={
-            "dealId": deal.id,
-            "campaignId": deal.campaign_id,
-            "outcome": outcome,
-            "releasedMinor": release,
-            "refundedMinor": held - release,
-            "currency": deal.currency,
-            "resolvedAt": iso_timestamp(now),
-        },
+        data=event_data("dispute.resolved", resolution),
         now=now,
     )
     if outcome == "brand":

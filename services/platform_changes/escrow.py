@@ -14,13 +14,12 @@ from sqlalchemy import select
 
 from extensions import db
 from models import Campaign, Deal, EscrowHold
+from models.campaign import BUDGET_THRESHOLDS
 from models.columns import new_id, utcnow
 from models.deal import ACCEPTED, IN_PROGRESS
 from models.escrow_hold import HELD, REFUNDED, RELEASED
 from services.errors import Conflict, ValidationFailed
 from services.platform_changes.changed_records import announce, lock_deal, locked, peek
-
-BUDGET_THRESHOLDS = (50, 80, 100)
 
 
 def hold_escrow(

@@ -5,13 +5,12 @@ from __future__ import annotations
 from datetime import datetime
 
 from models import Brand
+from models.brand import KYB_OUTCOMES
 from models.columns import utcnow
-from schemas.base import iso_timestamp
+from schemas.events import event_data
 from services.errors import ValidationFailed
 from services.events import publish_event
 from services.platform_changes.changed_records import locked
-
-KYB_OUTCOMES = ("verified", "rejected")
 
 
 def complete_kyb_verification(
@@ -28,7 +27,10 @@ def complete_kyb_verification(
     publish_event(
         brand_id=brand.id,
         name="verification.completed",
-        data={"brandId": brand.id, "kybStatus": kyb_status, "completedAt": iso_timestamp(now)},
+        data=event_data(
+            "verification.completed",
+            {"brand_id": brand.id, "kyb_status": kyb_status, "completed_at": now},
+        ),
         now=now,
     )
     return brand
