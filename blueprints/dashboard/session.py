@@ -19,7 +19,7 @@ from flask.sessions import SecureCookieSessionInterface
 from blueprints.dashboard import DASHBOARD_PREFIX, dashboard
 from models.api_key import WRITE
 from services.authentication import Caller, authenticate_key_id, authorize
-from services.errors import Forbidden, Unauthorized
+from services.errors import Forbidden, Unauthorized, ValidationFailed
 
 CSRF_HEADER = "X-CSRF-Token"
 CSRF_FIELD = "csrf_token"
@@ -102,7 +102,16 @@ def csrf_token() -> str:
 
 
 def safe_next(target: str | None) -> str:
-    """Where to go after signing in: only a dashboard path of this site, never elsewhere."""
+    """Where to go after signing in: only a dashboard path of this site, never elsewhere.
+
+    :raise ValidationFailed: on `next` holding a control character, which would end the
+        `Location` header it goes into.
+    """
+    if target and not target.isprintable():
+        raise ValidationFailed(
+            "The sign-in form's `next` must be a dashboard address without control characters",
+            {"next": ["Must not contain control characters (line breaks included)."]},
+        )
     if target:
         parts = urlsplit(target)
         if not parts.scheme and not parts.netloc and parts.path.startswith(DASHBOARD_PREFIX):

@@ -31,10 +31,12 @@ REFUSED = "sign_in_refused"
 
 @dashboard.get("/sign-in")
 def sign_in():
+    next_page = request.args.get("next", "")
+    safe_next(next_page)  # a `next` refused now is not carried into the form
     refused = session.pop(REFUSED, None) or {}
     return render(
         "dashboard/sign_in.html",
-        next=request.args.get("next", ""),
+        next=next_page,
         error=refused.get("error"),
         bootstrap_token_pasted=refused.get("bootstrap_token", False),
     )
@@ -46,6 +48,7 @@ def sign_in_with_key():
     so a reload never posts the key again."""
     secret = request.form.get("apiKey", "").strip()
     next_page = request.form.get("next", "")
+    safe_next(next_page)
     if secret.startswith(credentials.BOOTSTRAP_TOKEN_PREFIX):
         # Support's token mints a first key; it never signs in. Say where it goes instead.
         return _refused(
