@@ -14,7 +14,6 @@ from models import ApiKey, credentials
 from models.api_key import DEFAULT_SCOPES, SCOPES
 from models.columns import utcnow
 from services.brands import get_brand
-from services.dashboard_sessions import end_sessions_of_key
 from services.errors import NotFound
 from services.psycopg_direct import fetch_first_on_psycopg, psycopg_sql
 
@@ -95,8 +94,6 @@ def revoke_api_key(*, brand_id: str, key_id: str, now: datetime | None = None) -
     if key.revoked_at is None:
         key.revoked_at = now or utcnow()
         db.session.flush()
-    # Its dashboard sessions end in the same transaction (each would also find it revoked).
-    end_sessions_of_key(key.id)
     return key
 
 

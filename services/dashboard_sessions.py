@@ -2,15 +2,16 @@
 
 The browser's cookie carries a random token; the database keeps its SHA-256, the key the session
 signed in with, and when it started and was last used. A session ends, for every copy of its
-cookie at once, when it is signed out, when its key is revoked, after `idle_timeout` without a
-request, or `lifetime` after it started, whichever comes first. A secret a POST made (a new key,
-a new signing secret) waits for the page after its redirect in `dashboard_one_time_secrets` and
-is taken from there once, by a DELETE ... RETURNING that two replays cannot both win.
+cookie at once, when it is signed out, after `idle_timeout` without a request, or `lifetime`
+after it started, whichever comes first; and its key is checked on every request, so revoking
+the key ends it too (blueprints/dashboard/session.py says so to the browser and deletes it).
+A secret a POST made (a new key, a new signing secret) waits for the page after its redirect
+in `dashboard_one_time_secrets` and is taken from there once, by a DELETE ... RETURNING that
+two replays cannot both win.
 
 In PostgreSQL rather than Redis: the dashboard reads the database on every request anyway (the
-key is checked again each time), so the sessions add no service it can be down without; a
-revocation ends its key's sessions in its own transaction; and a restart of Redis, which this
-service does not ask to persist anything, would sign everyone out.
+key is checked again each time), so the sessions add no service it can be down without; and a
+restart of Redis, which this service does not ask to persist anything, would sign everyone out.
 """
 
 from __future__ import annotations
@@ -119,11 +120,6 @@ def end_session(token: str | None) -> None:
     its cookie."""
     if token:
         db.session.execute(delete(_sessions).where(_sessions.c.token_hash == _hash(token)))
-
-
-def end_sessions_of_key(key_id: str) -> int:
-    """Every session signed in with `key_id` (its revocation); how many there were."""
-    return db.session.execute(delete(_sessions).where(_sessions.c.key_id == key_id)).rowcount
 
 
 def keep_secret(token: str, kind: str, sealed: str) -> None:

@@ -157,7 +157,10 @@ def _announce_backends(request) -> None:
     backends = request.getfixturevalue("backends")
     capture = request.config.pluginmanager.getplugin("capturemanager")
     with capture.global_and_fixture_disabled():
-        print(f"\nbackends: postgresql={backends.postgres_kind} redis={backends.redis_kind}")
+        print(
+            f"\nbackends: postgresql={backends.postgres_kind} redis={backends.redis_kind}",
+            flush=True,
+        )
 
 
 @pytest.fixture

@@ -124,9 +124,10 @@ def test_revoking_a_key_signs_its_sessions_out_at_once(app, brand, write_key, ma
     response = browser.get("/dashboard/keys")
     assert response.status_code == 303
     page = browser.get(response.headers["Location"]).get_data(as_text=True)
-    assert "revoked" in page
+    assert "The API key of this session was revoked; sign in again" in page
     with browser.session_transaction() as session:
-        assert "key_id" not in session
+        assert "sid" not in session
+    assert browser.get("/dashboard/keys").status_code == 303
 
 
 def test_revoking_the_sessions_own_key_ends_the_session(client, write_key):
