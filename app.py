@@ -103,6 +103,9 @@ DOCS_CONTENT_SECURITY_POLICY = CONTENT_SECURITY_POLICY.replace(
 DOCS_ENDPOINT = "system.docs"
 
 
+STRICT_TRANSPORT_SECURITY = "max-age=31536000; includeSubDomains"
+
+
 def _finish_request(response):
     response.headers[REQUEST_ID_HEADER] = request_id()
     response.headers["X-Content-Type-Options"] = "nosniff"
@@ -118,6 +121,9 @@ def _finish_request(response):
     if request.path.startswith(API_PREFIX):
         # Responses may carry a one-time secret; no cache along the way may keep any of them.
         response.headers["Cache-Control"] = "no-store"
+    if current_app.extensions["settings"].is_production:
+        # Production is HTTPS only: a browser that once reached it never tries plain HTTP again.
+        response.headers["Strict-Transport-Security"] = STRICT_TRANSPORT_SECURITY
     # The one access line of every request (API, dashboard, health), so that `make run` needs
     # no second one from gunicorn. The path only: a query string is the caller's to keep.
     caller = g.get("caller")

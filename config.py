@@ -59,6 +59,12 @@ class Settings:
     # CONTRACT 9.1: "N/second", "N/minute" or "N/hour", per API key.
     rate_limit_per_key: str
     postback_rate_limit_per_key: str
+    # Failed dashboard sign-ins (and first-key attempts) per client address, same form.
+    sign_in_failures_per_address: str
+    # Dashboard sessions end after this many seconds without a request, and this many after
+    # sign-in, whichever comes first (CONTRACT 11.3).
+    dashboard_session_idle_timeout: int
+    dashboard_session_lifetime: int
     log_format: str
     metrics_token: str | None
     # services.failpoints: read only when APP_ENV=test.
@@ -108,6 +114,15 @@ class Settings:
             rate_limit_per_key=_rate(environ, "RATE_LIMIT_PER_KEY", "6000/minute"),
             postback_rate_limit_per_key=_rate(
                 environ, "POSTBACK_RATE_LIMIT_PER_KEY", "60000/minute"
+            ),
+            sign_in_failures_per_address=_rate(
+                environ, "SIGN_IN_FAILURES_PER_ADDRESS", "10/minute"
+            ),
+            dashboard_session_idle_timeout=_int(
+                environ, "DASHBOARD_SESSION_IDLE_TIMEOUT", 3600, minimum=60, maximum=86400
+            ),
+            dashboard_session_lifetime=_int(
+                environ, "DASHBOARD_SESSION_LIFETIME", 43200, minimum=60, maximum=30 * 86400
             ),
             log_format=_choice(environ, "LOG_FORMAT", LOG_FORMATS),
             metrics_token=environ.get("METRICS_TOKEN", "").strip() or None,

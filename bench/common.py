@@ -45,7 +45,7 @@ def migrated_app_on_postgresql(prefix: str) -> Iterator[tuple[object, str]]:
     from app import create_app
     from tests.backends import open_backends
 
-    backends = open_backends(Path(tempfile.mkdtemp(prefix=prefix)))
+    backends = open_backends()
     try:
         app = create_app(
             {

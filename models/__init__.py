@@ -5,6 +5,7 @@ from models.bootstrap_token import BootstrapToken
 from models.brand import Brand
 from models.campaign import Campaign
 from models.conversion import Conversion
+from models.dashboard_session import DashboardSession, OneTimeSecret
 from models.deal import Deal
 from models.escrow_hold import EscrowHold
 from models.placement import Placement
@@ -19,8 +20,10 @@ __all__ = [
     "Brand",
     "Campaign",
     "Conversion",
+    "DashboardSession",
     "Deal",
     "EscrowHold",
+    "OneTimeSecret",
     "Placement",
     "TrackedLink",
     "TrackedLinkConversionCount",

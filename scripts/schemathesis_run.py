@@ -28,7 +28,6 @@ import os
 import secrets
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -63,20 +62,19 @@ DEFAULT_ARGUMENTS = (
 
 
 def main(extra_arguments: list[str]) -> int:
-    with tempfile.TemporaryDirectory(prefix="schemathesis-") as workdir:
-        backends = open_backends(Path(workdir))
+    backends = open_backends()
+    try:
+        environ = _server_environ(backends.database_url, backends.redis_url)
+        _flask(environ, "db", "upgrade")
+        demo = json.loads(_flask(environ, "demo", "seed"))
+        server = ServerProcess(environ, workers=2, threads=4)
         try:
-            environ = _server_environ(backends.database_url, backends.redis_url)
-            _flask(environ, "db", "upgrade")
-            demo = json.loads(_flask(environ, "demo", "seed"))
-            server = ServerProcess(environ, workers=2, threads=4)
-            try:
-                ids = _records(server.url, demo["brandId"], demo["bootstrapToken"])
-                return _schemathesis(server.url, ids, extra_arguments)
-            finally:
-                server.stop()
+            ids = _records(server.url, demo["brandId"], demo["bootstrapToken"])
+            return _schemathesis(server.url, ids, extra_arguments)
         finally:
-            backends.close()
+            server.stop()
+    finally:
+        backends.close()
 
 
 def _server_environ(database_url: str, redis_url: str) -> dict[str, str]:

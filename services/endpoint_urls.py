@@ -58,7 +58,11 @@ _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 # promises no address the public-address rule would refuse.
 _DNS_NAME = rf"(?:{_LABEL}\.){{1,4}}[A-Za-z](?:[A-Za-z0-9-]{{0,61}}[A-Za-z0-9])?"
 _LOCAL_NAME = r"(?:localhost|127\.0\.0\.1)"
-_PORT = r"(?::(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4}))?"
+# 1-65535 without leading zeros: port 0 (however spelled) is refused.
+_PORT = (
+    r"(?::(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}"
+    r"|[1-9][0-9]{0,3}))?"
+)
 # 8 ("https://") + 319 (host) + 6 (port) + 1715 = URL_MAX_LENGTH.
 _PATH_AND_QUERY = rf"(?:[/?][^{_STRIPPED}\x00-\x1f#]{{0,{URL_MAX_LENGTH - 8 - 319 - 6 - 1}}})?"
 
@@ -146,8 +150,10 @@ def lookup_name(url: str, policy: UrlPolicy) -> tuple[str, int] | None:
 
 
 def is_public_address(address: IpAddress) -> bool:
-    """Globally routable unicast, including what an IPv6 address embeds (mapped, 6to4, Teredo,
-    NAT64), so that no IPv6 spelling reaches a private IPv4 address."""
+    """What Python's `ipaddress` calls global, less what it calls global yet no receiver can
+    be (multicast, reserved, and IPv6's deprecated site-local fec0::/10, which networks still
+    route privately); and what an IPv6 address embeds (mapped, 6to4, Teredo, NAT64) must be
+    public too, so that no IPv6 spelling reaches a private IPv4 address."""
     if isinstance(address, ipaddress.IPv6Address):
         embedded = [address.ipv4_mapped, address.sixtofour]
         if address.teredo:
@@ -160,9 +166,7 @@ def is_public_address(address: IpAddress) -> bool:
         address.is_global
         and not address.is_multicast
         and not address.is_reserved
-        and not address.is_unspecified
-        and not address.is_link_local
-        and not address.is_loopback
+        and not getattr(address, "is_site_local", False)
     )
 
 
@@ -173,9 +177,11 @@ def _parse(url: str, policy: UrlPolicy):
         raise AddressRefused("Must not contain spaces or control characters.")
     try:
         parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises ValueError on a malformed port
+        port = parts.port  # raises ValueError on a malformed port
     except ValueError:
         raise AddressRefused("Must be an absolute URL with a valid host and port.") from None
+    if port == 0:  # no receiver listens there; a connection would go to the default port
+        raise AddressRefused("Must not use port 0: give a port from 1 to 65535, or none.")
     hostname = (parts.hostname or "").rstrip(".").lower()
     if parts.scheme not in ("http", "https") or not hostname:
         raise AddressRefused("Must be an absolute https:// URL.")

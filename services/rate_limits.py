@@ -26,6 +26,8 @@ log = logging.getLogger("brand_api.rate_limits")
 
 API = "api"
 POSTBACK = "postback"
+# Failed dashboard sign-ins, counted per client address (only failures are counted).
+SIGN_IN_FAILURES = "sign_in_failures"
 KEY_PREFIX = "brand-api:rate"
 # After Redis fails, requests go unchecked this long before it is asked again, so that a hung
 # Redis costs one short timeout per process and interval, not one per request.
@@ -125,14 +127,7 @@ class RateLimiter:
             allowed = self._strategy.hit(item, name, credential_id)
             reset_at, remaining = self._strategy.get_window_stats(item, name, credential_id)
         except redis.RedisError as error:
-            self._unavailable_until = time.monotonic() + UNAVAILABLE_BACKOFF_SECONDS
-            RATE_LIMITS_UNCHECKED.inc()
-            count_backing_service_error("redis", "rate_limiter")
-            log.warning(
-                "rate limits unchecked for %.0f s: Redis unreachable (%s)",
-                UNAVAILABLE_BACKOFF_SECONDS,
-                type(error).__name__,
-            )
+            self._unavailable(error)
             return None
         reset_after = max(1, math.ceil(reset_at - time.time()))
         state = RateLimitState(limit=item.amount, remaining=remaining, reset_after=reset_after)
@@ -140,3 +135,30 @@ class RateLimiter:
             RATE_LIMITED.labels(limit=name).inc()
             raise RateLimited(retry_after=reset_after, state=state)
         return state
+
+    def seconds_until_allowed(self, name: str, identifier: str) -> int | None:
+        """Without counting anything: how long until `identifier` may go on, when limit `name`
+        is used up; None when it may go on now (or Redis could not be asked: allowed)."""
+        if time.monotonic() < self._unavailable_until:
+            RATE_LIMITS_UNCHECKED.inc()
+            return None
+        item = self._items[name]
+        try:
+            if self._strategy.test(item, name, identifier):
+                return None
+            reset_at, _ = self._strategy.get_window_stats(item, name, identifier)
+        except redis.RedisError as error:
+            self._unavailable(error)
+            return None
+        RATE_LIMITED.labels(limit=name).inc()
+        return max(1, math.ceil(reset_at - time.time()))
+
+    def _unavailable(self, error: redis.RedisError) -> None:
+        self._unavailable_until = time.monotonic() + UNAVAILABLE_BACKOFF_SECONDS
+        RATE_LIMITS_UNCHECKED.inc()
+        count_backing_service_error("redis", "rate_limiter")
+        log.warning(
+            "rate limits unchecked for %.0f s: Redis unreachable (%s)",
+            UNAVAILABLE_BACKOFF_SECONDS,
+            type(error).__name__,
+        )

@@ -23,13 +23,31 @@ TEST_SECRET_KEY = "test-secret-key-not-for-production"
 TEST_ENCRYPTION_KEY = "dGVzdC1lbmNyeXB0aW9uLWtleS0zMi1ieXRlcyEhISE="
 
 
+OPENED_BACKENDS = pytest.StashKey[Backends]()
+
+
 @pytest.fixture(scope="session")
-def backends(tmp_path_factory) -> Iterator[Backends]:
-    opened = open_backends(tmp_path_factory.mktemp("backends"))
+def backends(request) -> Iterator[Backends]:
+    opened = open_backends()
+    request.config.stash[OPENED_BACKENDS] = opened
     try:
         yield opened
     finally:
         opened.close()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """After a test fails, ask whether the run's database and Redis are still there: when one
+    has died, every later test would fail too, so the run stops here with the cause once."""
+    report = yield
+    opened = item.config.stash.get(OPENED_BACKENDS, None)
+    if report.failed and opened is not None and not item.session.shouldstop:
+        problem = opened.health_problem()
+        if problem:
+            item.session.shouldstop = f"{problem}. Stopping the run: every later test needs it."
+            report.sections.append(("backends", problem))
+    return report
 
 
 @pytest.fixture(scope="session")
@@ -41,6 +59,9 @@ def app_environ(backends) -> dict[str, str]:
         "REDIS_URL": backends.redis_url,
         "SECRET_KEY": TEST_SECRET_KEY,
         "ENCRYPTION_KEY": TEST_ENCRYPTION_KEY,
+        # Every test's browser is 127.0.0.1 and the count lives in Redis for a minute: the
+        # tests of sign-in throttling use the default on addresses of their own.
+        "SIGN_IN_FAILURES_PER_ADDRESS": "100000/minute",
     }
 
 
@@ -58,7 +79,7 @@ def app(app_environ) -> Iterator[Flask]:
 def clean_database(request) -> Iterator[None]:
     """Every test starts with empty tables (tests that need no database skip the work)."""
     yield
-    if "app" not in request.fixturenames:
+    if "app" not in request.fixturenames or request.session.shouldstop:
         return
     application = request.getfixturevalue("app")
     with application.app_context():
@@ -136,7 +157,10 @@ def _announce_backends(request) -> None:
     backends = request.getfixturevalue("backends")
     capture = request.config.pluginmanager.getplugin("capturemanager")
     with capture.global_and_fixture_disabled():
-        print(f"\nbackends: postgresql={backends.postgres_kind} redis={backends.redis_kind}")
+        print(
+            f"\nbackends: postgresql={backends.postgres_kind} redis={backends.redis_kind}",
+            flush=True,
+        )
 
 
 @pytest.fixture

@@ -44,6 +44,7 @@ NON_PUBLIC_HOSTS = [
     "[::1]",
     "[fe80::1]",
     "[fc00::1]",
+    "[fec0::1]",
     "[::ffff:10.0.0.1]",
     "[::ffff:127.0.0.1]",
     "[2002:7f00:1::1]",
@@ -63,6 +64,9 @@ MALFORMED_URLS = [
     "hooks.brand-example.invalid/x",
     "https://",
     "https://hooks.brand-example.invalid:99999/x",
+    "https://hooks.brand-example.invalid:0/x",
+    "https://hooks.brand-example.invalid:00/x",
+    "https://93.184.216.34:0/x",
     "javascript:alert(1)",
 ]
 
@@ -174,6 +178,22 @@ def test_non_public_addresses_are_refused(client, brand, write_key, url):
 def test_malformed_urls_are_refused(client, brand, write_key, url):
     assert_url_refused(register_response(client, brand, write_key, url))
     assert listed_urls(client, brand, write_key) == []
+
+
+@pytest.mark.parametrize(
+    "url", ["http://localhost:0/hooks", "http://127.0.0.1:0/hooks", "https://localhost:000/x"]
+)
+def test_port_0_is_refused_even_for_a_local_receiver(client, brand, write_key, url):
+    body = assert_error(register_response(client, brand, write_key, url), 400, "VALIDATION_ERROR")
+    assert body["errors"] == {"url": ["Must not use port 0: give a port from 1 to 65535, or none."]}
+    assert listed_urls(client, brand, write_key) == []
+
+
+def test_an_attempt_to_port_0_is_refused_not_sent_to_the_default_port():
+    """An endpoint stored before the rule: its attempts fail instead of reaching port 80."""
+    for url in ["http://localhost:0/hooks", "https://93.184.216.34:0/x"]:
+        with pytest.raises(AddressRefused, match="port 0"):
+            attempt_target(url, TEST_POLICY)
 
 
 # --- register-endpoint in production -----------------------------------------------------------
@@ -384,7 +404,10 @@ def test_public_addresses(address):
         "fe80::1",
         "fc00::1",
         "fd12:3456::1",
+        "fec0::1",  # site-local (deprecated, still routed privately); ipaddress calls it global
+        "feff:ffff::1",
         "ff02::1",
+        "ff0e::1",  # global-scope multicast: global to ipaddress, never a receiver
         "::ffff:10.0.0.1",
         "::ffff:127.0.0.1",
         "2002:7f00:1::1",

@@ -204,7 +204,7 @@ def test_a_nul_character_in_a_body_is_a_validation_error_and_changes_nothing(
         headers={"X-Api-Key": write_key, "Content-Type": "application/json"},
     )
     body = assert_error(response, 400, "VALIDATION_ERROR")
-    assert list(body["errors"]) == ["body"]
+    assert body["errors"] == {"events.0": ["Must not contain NUL characters (\\u0000)."]}
     listed = client.get(
         f"/api/v1/brand/{brand}/webhook/fetch-endpoints", headers={"X-Api-Key": write_key}
     )

@@ -1,10 +1,11 @@
 """`make run`'s supervisor (scripts/run.py), run for real as a subprocess.
 
 Isolated from the developer's own `make run`: the embedded PostgreSQL and Redis keep their files
-in tmp_path (RUN_STATE_DIR, which also stops the supervisor from writing the markers in
-instance/), SECRET_KEY/ENCRYPTION_KEY are fixed so nothing is generated into instance/, and the
-port is a free one. DATABASE_URL and REDIS_URL are removed, so the embedded servers are used
-even where the machine's answer on 5432 and 6379: this is the laptop's path.
+in a private directory (RUN_STATE_DIR, which also stops the supervisor from writing the markers
+in instance/; not under pytest's tmp_path, see tests/backends.py), SECRET_KEY/ENCRYPTION_KEY
+are fixed so nothing is generated into instance/, and the port is a free one. DATABASE_URL and
+REDIS_URL are removed, so the embedded servers are used even where the machine's answer on 5432
+and 6379: this is the laptop's path.
 
 Uses no conftest fixture on purpose: it needs none and must not depend on the app's test setup.
 """
@@ -17,15 +18,19 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import requests
+
+from tests.backends import private_directory
 
 REPO = Path(__file__).resolve().parent.parent
 RUN_SCRIPT = REPO / "scripts" / "run.py"
@@ -47,11 +52,11 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def isolated_env(tmp_path: Path, port: int) -> dict[str, str]:
+def isolated_env(state_dir: Path, port: int) -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if key not in CLEARED_VARIABLES}
     env.update(
         APP_ENV="development",
-        RUN_STATE_DIR=str(tmp_path / "run-state"),
+        RUN_STATE_DIR=str(state_dir),
         SECRET_KEY="test-secret-key-for-the-run-supervisor-test",
         ENCRYPTION_KEY=base64.urlsafe_b64encode(b"run-supervisor-test-key-32-bytes").decode(),
         PORT=str(port),
@@ -240,6 +245,13 @@ def read_markers() -> list[str | None]:
 
 
 @pytest.fixture
+def state_dir() -> Iterator[Path]:
+    directory = private_directory("run")
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
 def marker_before():
     """instance/redis-url and database-url as the developer's own `make run` may have them: the
     test must not touch them."""
@@ -286,8 +298,8 @@ def create_first_key(supervisor: Supervisor, brand_id: str, token: str) -> tuple
     )
 
 
-def test_first_run_seeds_serves_and_stops_everything_on_ctrl_c(tmp_path, launch, marker_before):
-    supervisor = launch(isolated_env(tmp_path, free_port()))
+def test_first_run_seeds_serves_and_stops_everything_on_ctrl_c(state_dir, launch, marker_before):
+    supervisor = launch(isolated_env(state_dir, free_port()))
 
     assert_ready_on_embedded_servers(supervisor)
     output = supervisor.output
@@ -329,8 +341,8 @@ def assert_revocation_is_immediate_across_workers(
     assert answers == {401}
 
 
-def test_a_second_run_finds_its_data_again_and_does_not_seed(tmp_path, launch, marker_before):
-    env = isolated_env(tmp_path, free_port())
+def test_a_second_run_finds_its_data_again_and_does_not_seed(state_dir, launch, marker_before):
+    env = isolated_env(state_dir, free_port())
     first = launch(env, name="first-run")
     brand = re.search(r"Brand id:\s+(brd_\w+)", first.output)
     token = re.search(r"Bootstrap token:\s+(bst_\w+)", first.output)

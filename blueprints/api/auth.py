@@ -19,7 +19,7 @@ from services.authentication import (
     authorize,
 )
 from services.errors import RateLimited, Unauthorized
-from services.rate_limits import API, POSTBACK, RateLimiter
+from services.rate_limits import API, POSTBACK, SIGN_IN_FAILURES, RateLimiter
 
 API_KEY_HEADER = "X-Api-Key"
 BOOTSTRAP_TOKEN_HEADER = "X-Service-Bootstrap-Token"  # noqa: S105 - a header name
@@ -84,7 +84,11 @@ def rate_limiter() -> RateLimiter | None:
     if limiter is None and settings.redis_url:
         limiter = RateLimiter(
             settings.redis_url,
-            {API: settings.rate_limit_per_key, POSTBACK: settings.postback_rate_limit_per_key},
+            {
+                API: settings.rate_limit_per_key,
+                POSTBACK: settings.postback_rate_limit_per_key,
+                SIGN_IN_FAILURES: settings.sign_in_failures_per_address,
+            },
         )
         app.extensions["rate_limiter"] = limiter
     return limiter

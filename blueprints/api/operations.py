@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import functools
 import json
+import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +27,13 @@ BODY = "body"
 # or a body is a 400. The OpenAPI document states it as this `pattern` of every such string.
 NUL = "\x00"
 NUL_FREE_PATTERN = r"^[^\x00]*$"
+# How deep a body may nest objects and arrays. No operation needs more than a few levels (a
+# postback's `metadata` allows 8 of its own); a limit here keeps a 1 KB body of brackets from
+# costing a deep recursion anywhere after the parse.
+MAX_BODY_DEPTH = 32
+# What JSON can spell but PostgreSQL cannot store: NUL in text, and a UTF-16 surrogate without
+# its pair ("\ud800"), which is no character at all.
+_UNSTORABLE_CHARACTER = re.compile("[\x00\ud800-\udfff]")
 _page_meta = PageMetaSchema()
 
 
@@ -100,17 +109,11 @@ def _refuse_nul_characters(path_values: dict) -> None:
         )
 
 
-def _contains_nul(value) -> bool:
-    if isinstance(value, str):
-        return NUL in value
-    if isinstance(value, dict):
-        return any(_contains_nul(key) or _contains_nul(item) for key, item in value.items())
-    if isinstance(value, list):
-        return any(_contains_nul(item) for item in value)
-    return False
-
-
 def _json_body(_schema: Schema | None = None) -> dict:
+    """The body as a JSON object every string and number of which can be stored.
+
+    :raise ValidationFailed: naming the field (or `body`) at fault.
+    """
     raw = request.get_data(cache=True)  # a declared length over the limit: 413 from werkzeug
     if request.content_length is None and len(raw) >= current_app.config["MAX_CONTENT_LENGTH"]:
         # A chunked body is cut off at the limit without an error; never parse what was cut.
@@ -123,15 +126,63 @@ def _json_body(_schema: Schema | None = None) -> dict:
         raise ValidationFailed(
             "Request body must be valid JSON", {BODY: ["Not valid JSON."]}
         ) from None
+    except RecursionError:  # the parser's own bound, far deeper than MAX_BODY_DEPTH
+        raise _nested_too_deep() from None
+    problems = _unstorable_values(payload)
     if not isinstance(payload, dict):
         raise ValidationFailed(
             "Request body must be a JSON object", {BODY: ["Must be a JSON object."]}
         )
-    if _contains_nul(payload):
-        raise ValidationFailed(
-            "Request body must not contain NUL characters", {BODY: ["Contains \\u0000."]}
-        )
+    if problems:
+        raise ValidationFailed("Request body holds values that cannot be stored", problems)
     return payload
+
+
+def _nested_too_deep() -> ValidationFailed:
+    return ValidationFailed(
+        "Request body is nested too deeply",
+        {BODY: [f"Objects and arrays may nest at most {MAX_BODY_DEPTH} levels deep."]},
+    )
+
+
+def _unstorable_values(payload) -> dict[str, list[str]]:
+    """`{field path: [message]}` for each string holding NUL or a lone surrogate (keys
+    included) and each number that is not finite (NaN, Infinity, or beyond a double: 1e400).
+    Iterative, so a body of any depth the parser took is walked without recursion.
+
+    :raise ValidationFailed: objects and arrays nest deeper than MAX_BODY_DEPTH.
+    """
+    problems: dict[str, list[str]] = {}
+    stack: list[tuple[object, str, int]] = [(payload, "", 0)]
+    while stack:
+        value, path, depth = stack.pop()
+        if isinstance(value, dict):
+            items = value.items()
+            if any(_UNSTORABLE_CHARACTER.search(key) for key in value):
+                problems[path or BODY] = ["Keys must not contain NUL or lone surrogates."]
+        elif isinstance(value, list):
+            items = enumerate(value)
+        else:
+            problem = _unstorable(value)
+            if problem:
+                problems[path or BODY] = [problem]
+            continue
+        if depth == MAX_BODY_DEPTH:
+            raise _nested_too_deep()
+        stack.extend(
+            (item, f"{path}.{key}" if path else str(key), depth + 1) for key, item in items
+        )
+    return problems
+
+
+def _unstorable(value) -> str | None:
+    if isinstance(value, str) and _UNSTORABLE_CHARACTER.search(value):
+        if NUL in value:
+            return "Must not contain NUL characters (\\u0000)."
+        return "Must not contain a lone UTF-16 surrogate (\\ud800-\\udfff without its pair)."
+    if isinstance(value, float) and not math.isfinite(value):
+        return "Must be a finite number: not NaN, Infinity, or beyond ±1.7e308."
+    return None
 
 
 def _load_request(

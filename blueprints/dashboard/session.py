@@ -1,9 +1,11 @@
 """The dashboard's one authentication decorator and its CSRF check.
 
-A session holds the id of the API key it signed in with (never the secret) and a CSRF token.
-Every request looks the key up again, so a revoked key signs its sessions out at once. Every
-state-changing request must carry the session's CSRF token, in the `X-CSRF-Token` header (htmx
-sends it from `hx-headers` on <body>) or the `csrf_token` form field (plain forms).
+A session is kept on the server (services.dashboard_sessions): the cookie, Flask's signed one,
+holds only the session's random token, its CSRF token and the next page's notices. Every request
+opens the session again and looks its key up again, so signing out, revoking the key or the
+session's expiry ends it at once for every copy of the cookie. Every state-changing request must
+carry the session's CSRF token, in the `X-CSRF-Token` header (htmx sends it from `hx-headers` on
+<body>) or the `csrf_token` form field (plain forms).
 """
 
 from __future__ import annotations
@@ -11,18 +13,25 @@ from __future__ import annotations
 import functools
 import hmac
 import secrets
+from datetime import timedelta
 from urllib.parse import urlsplit
 
-from flask import flash, g, redirect, request, session, url_for
+from flask import current_app, flash, g, redirect, request, session, url_for
 from flask.sessions import SecureCookieSessionInterface
 
 from blueprints.dashboard import DASHBOARD_PREFIX, dashboard
+from extensions import db
 from models.api_key import WRITE
+from services import dashboard_sessions
 from services.authentication import Caller, authenticate_key_id, authorize
-from services.errors import Forbidden, Unauthorized
+from services.dashboard_sessions import Lifetimes
+from services.errors import Forbidden, Unauthorized, ValidationFailed
 
 CSRF_HEADER = "X-CSRF-Token"
 CSRF_FIELD = "csrf_token"
+# The cookie's name for the session's token (the server keeps only its hash).
+SESSION_TOKEN = "sid"  # noqa: S105 - a key of the cookie, not a secret
+SESSION_ENDED = "Your session has ended (signed out, or unused for too long); sign in again"
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
@@ -55,14 +64,18 @@ def signed_in(*, write: bool = False):
     def decorator(view):
         @functools.wraps(view)
         def signed_in_view(*args, **kwargs):
+            token = session.get(SESSION_TOKEN)
+            opened = dashboard_sessions.open_session(token, lifetimes=session_lifetimes())
             try:
-                caller = authenticate_key_id(session.get("key_id"))
+                if opened is None:
+                    raise Unauthorized(SESSION_ENDED)
+                caller = authenticate_key_id(opened.key_id)
             except Unauthorized as error:
-                had_session = "key_id" in session
                 end_session()
-                raise SignedOut(error.message if had_session else None) from None
+                raise SignedOut(error.message if token else None) from None
             authorize(caller, caller.brand_id, WRITE if write else None)
             g.caller = caller
+            g.dashboard_session = opened
             return view(*args, **kwargs)
 
         signed_in_view.requires_write = write
@@ -75,23 +88,35 @@ def current_caller() -> Caller:
     return g.caller
 
 
+def session_lifetimes() -> Lifetimes:
+    settings = current_app.extensions["settings"]
+    return Lifetimes(
+        idle_timeout=timedelta(seconds=settings.dashboard_session_idle_timeout),
+        lifetime=timedelta(seconds=settings.dashboard_session_lifetime),
+    )
+
+
 def can_write() -> bool:
     caller = g.get("caller")
     return caller is not None and WRITE in caller.scopes
 
 
-def start_session(caller: Caller, key_prefix: str) -> None:
-    """Sign in as `caller`'s key: a new session (and CSRF token), so nothing carries over.
-
-    The key's prefix (what every key listing shows, never the secret) names it in the top bar.
-    """
-    session.clear()
-    session["key_id"] = caller.key_id
-    session["key_prefix"] = key_prefix
+def start_session(caller: Caller) -> None:
+    """Sign in as `caller`'s key: a new session on the server and a new cookie (and CSRF token),
+    so nothing of an earlier session carries over. Commits."""
+    end_session()
+    session[SESSION_TOKEN] = dashboard_sessions.start_session(
+        brand_id=caller.brand_id, key_id=caller.key_id, lifetimes=session_lifetimes()
+    )
     session["csrf_token"] = secrets.token_urlsafe(32)
+    db.session.commit()
 
 
 def end_session() -> None:
+    """Sign out: the session ends on the server (every copy of the cookie with it), and this
+    cookie is emptied. Commits."""
+    dashboard_sessions.end_session(session.get(SESSION_TOKEN))
+    db.session.commit()
     session.clear()
 
 
@@ -102,7 +127,16 @@ def csrf_token() -> str:
 
 
 def safe_next(target: str | None) -> str:
-    """Where to go after signing in: only a dashboard path of this site, never elsewhere."""
+    """Where to go after signing in: only a dashboard path of this site, never elsewhere.
+
+    :raise ValidationFailed: on `next` holding a control character, which would end the
+        `Location` header it goes into.
+    """
+    if target and not target.isprintable():
+        raise ValidationFailed(
+            "The sign-in form's `next` must be a dashboard address without control characters",
+            {"next": ["Must not contain control characters (line breaks included)."]},
+        )
     if target:
         parts = urlsplit(target)
         if not parts.scheme and not parts.netloc and parts.path.startswith(DASHBOARD_PREFIX):
@@ -144,7 +178,7 @@ def dashboard_context() -> dict:
         "csrf_token": csrf_token,
         "can_write": can_write(),
         "caller": g.get("caller"),
-        "session_key_prefix": session.get("key_prefix"),
+        "session_key_prefix": getattr(g.get("dashboard_session"), "key_prefix", None),
     }
 
 

@@ -4,8 +4,11 @@
 
 from __future__ import annotations
 
+from contextlib import suppress
+
 from flask import flash, redirect, request, session, url_for
 
+from blueprints.api.auth import rate_limiter
 from blueprints.dashboard import dashboard, one_time
 from blueprints.dashboard.rendering import load_form, render
 from blueprints.dashboard.session import end_session, safe_next, signed_in, start_session
@@ -20,7 +23,8 @@ from services.authentication import (
     authenticate_bootstrap_token,
     authorize,
 )
-from services.errors import Forbidden, NotFound, Unauthorized, ValidationFailed
+from services.errors import Forbidden, NotFound, RateLimited, Unauthorized, ValidationFailed
+from services.rate_limits import SIGN_IN_FAILURES
 
 _issued_key = IssuedApiKeySchema()
 _bootstrap_form = BootstrapSignInSchema()
@@ -31,10 +35,12 @@ REFUSED = "sign_in_refused"
 
 @dashboard.get("/sign-in")
 def sign_in():
+    next_page = request.args.get("next", "")
+    safe_next(next_page)  # a `next` refused now is not carried into the form
     refused = session.pop(REFUSED, None) or {}
     return render(
         "dashboard/sign_in.html",
-        next=request.args.get("next", ""),
+        next=next_page,
         error=refused.get("error"),
         bootstrap_token_pasted=refused.get("bootstrap_token", False),
     )
@@ -43,9 +49,14 @@ def sign_in():
 @dashboard.post("/sign-in")
 def sign_in_with_key():
     """A refused key answers like a signed-in one, with a 303 (to the form again, saying why),
-    so a reload never posts the key again."""
+    so a reload never posts the key again. An address with too many failures is refused before
+    its key is even looked at."""
     secret = request.form.get("apiKey", "").strip()
     next_page = request.form.get("next", "")
+    safe_next(next_page)
+    wait = _seconds_until_sign_in_allowed()
+    if wait is not None:
+        return _too_many_failures("dashboard/sign_in.html", wait, next=next_page)
     if secret.startswith(credentials.BOOTSTRAP_TOKEN_PREFIX):
         # Support's token mints a first key; it never signs in. Say where it goes instead.
         return _refused(
@@ -58,10 +69,39 @@ def sign_in_with_key():
         caller = authenticate_api_key(secret)
     except Unauthorized as error:
         db.session.rollback()
+        _count_failed_sign_in()
         return _refused(error.message, next_page)
-    db.session.commit()  # the key's lastUsedAt
-    start_session(caller, credentials.key_prefix(secret))
+    start_session(caller)
     return redirect(safe_next(next_page), code=303)
+
+
+def _seconds_until_sign_in_allowed() -> int | None:
+    limiter = rate_limiter()
+    return limiter and limiter.seconds_until_allowed(SIGN_IN_FAILURES, _client_address())
+
+
+def _count_failed_sign_in() -> None:
+    limiter = rate_limiter()
+    if limiter is not None:
+        with suppress(RateLimited):  # this failure used up the limit: the next try is refused
+            limiter.count_request(SIGN_IN_FAILURES, _client_address())
+
+
+def _client_address() -> str:
+    # The peer's address: behind a proxy, the proxy must hand the client's address on (docs).
+    return request.remote_addr or "unknown"
+
+
+def _too_many_failures(template: str, wait: int, **context):
+    """429: the form again, saying how long until this address may try once more."""
+    message = (
+        f"Too many failed sign-ins from your address. Try again in {wait} seconds; until then "
+        "no key or token is checked from it."
+    )
+    body, status = render(
+        template, status=429, error=message, form={}, errors={}, throttled=True, **context
+    )
+    return body, status, {"Retry-After": str(wait)}
 
 
 def _refused(message: str, next_page: str, *, bootstrap_token: bool = False):
@@ -79,6 +119,9 @@ def create_first_key():
     """Mint a key with the bootstrap token support issued, sign in with it, show it once."""
     form = request.form.to_dict()
     form.pop("bootstrapToken", None)  # a credential: never rendered back into the page
+    wait = _seconds_until_sign_in_allowed()
+    if wait is not None:
+        return _too_many_failures("dashboard/first_key.html", wait)
     try:
         fields = load_form(_bootstrap_form)
         caller = authenticate_bootstrap_token(fields["bootstrap_token"])
@@ -100,15 +143,12 @@ def create_first_key():
         )
     except (Unauthorized, Forbidden, NotFound) as error:
         db.session.rollback()
+        _count_failed_sign_in()
         return render(
             "dashboard/first_key.html", status=401, form=form, errors={}, error=error.message
         )
     key = _issued_key.dump(issued)
-    db.session.commit()
-    start_session(
-        Caller(brand_id=issued.record.brand_id, scopes=frozenset(), key_id=key["id"]),
-        issued.record.key_prefix,
-    )
+    start_session(Caller(brand_id=issued.record.brand_id, scopes=frozenset(), key_id=key["id"]))
     one_time.stash(FIRST_KEY, key)
     return redirect(url_for("dashboard.first_key_created"), code=303)
 
