@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TypeVar
+from typing import ClassVar, Protocol, TypeVar
 
 from sqlalchemy import select
+from sqlalchemy.orm import Mapped
 
 from extensions import db
 from models import Campaign, Deal, EscrowHold, Placement
@@ -17,7 +18,13 @@ from schemas.placements import PlacementSchema
 from services.errors import NotFound
 from services.events import PublishedEvent, publish_event
 
-Record = TypeVar("Record")
+
+# What these functions need of a model class: its `id` column, as an SQL expression.
+class _Record(Protocol):
+    id: ClassVar[Mapped[str]]
+
+
+Record = TypeVar("Record", bound=_Record)
 
 # Event `data` is the record in its read-API shape (the same schemas as the read routes).
 _SHAPES = {
