@@ -167,11 +167,12 @@ def test_emit_to_a_brand_without_subscribers_records_the_event_only(app, runner,
         (["brd_does_not_exist", "deal.completed"], "brd_does_not_exist"),
         (["BRAND", "deal.finished"], "deal.finished"),
         (["BRAND", "deal.completed", "--data", "{not json"], "not valid JSON"),
+        (["BRAND", "deal.completed", "--data", '{"n": ' + "1" * 5000 + "}"], "4300 digits"),
         (["BRAND", "deal.completed", "--data", "[1, 2]"], "JSON object"),
         (["BRAND", "deal.completed", "--data", '"text"'], "JSON object"),
         (["BRAND", "deal.completed", "--data", "null"], "JSON object"),
     ],
-    ids=["unknown-brand", "unknown-event", "invalid-json", "array", "string", "null"],
+    ids=["unknown-brand", "unknown-event", "invalid-json", "long-int", "array", "string", "null"],
 )
 def test_emit_refuses_bad_input_and_creates_nothing(
     app, runner, client, brand, write_key, args, message
