@@ -66,7 +66,7 @@ def doc_inline(text: Any) -> Markup:
     """One line of description as HTML: everything escaped, then `code` and **bold** marked up."""
     if text is None or text == "":
         return Markup("")
-    parts = []
+    parts: list[str] = []
     for index, piece in enumerate(_CODE_SPAN.split(str(text))):
         if index % 2:
             parts.append(Markup("<code>{}</code>").format(piece))
