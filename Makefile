@@ -32,9 +32,11 @@ screenshots: $(STAMP)
 schemathesis: $(STAMP)
 	$(BIN)/python scripts/schemathesis_run.py $(ST_ARGS)
 
+## make lint: ruff's checks and formatting, then mypy over the product code ([tool.mypy])
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache
