@@ -36,9 +36,11 @@ schemathesis: $(STAMP)
 vendor-docs: $(STAMP)
 	$(BIN)/python scripts/vendor_scalar.py
 
+## make lint: ruff's checks and formatting, then mypy over the product code ([tool.mypy])
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

@@ -6,8 +6,10 @@ import logging
 import os
 import time
 from collections.abc import Mapping
+from typing import cast
 
 from flask import Flask, current_app, g, request
+from flask.json.provider import DefaultJSONProvider
 from sqlalchemy import event
 from werkzeug.exceptions import RequestEntityTooLarge
 
@@ -51,7 +53,8 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
         SESSION_COOKIE_SAMESITE="Lax",
         SESSION_COOKIE_SECURE=settings.is_production,
     )
-    app.json.sort_keys = False
+    # Flask types `app.json` as any provider; the app keeps Flask's default one.
+    cast(DefaultJSONProvider, app.json).sort_keys = False
     app.session_interface = DashboardCookieSessions()
     configure_logging(settings.log_format)
 

@@ -1,5 +1,7 @@
 """Extensions created unbound; `create_app` binds them with `init_app`."""
 
+from typing import TYPE_CHECKING
+
 from flask_migrate import Migrate
 from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy import MetaData
@@ -21,3 +23,15 @@ class Base(DeclarativeBase):
 
 db = SQLAlchemy(model_class=Base)
 migrate = Migrate(compare_type=True)
+
+# The models' base class. It is `db.Model`, but a type checker cannot take an attribute of an
+# instance as a base class (python/mypy#8603), so it sees what `db.Model` is made of instead:
+# Flask-SQLAlchemy's model mixin (`query`, `__fsa__`) over our declarative `Base`.
+if TYPE_CHECKING:
+    import flask_sqlalchemy.model
+
+    class Model(flask_sqlalchemy.model.Model, Base):
+        __abstract__ = True
+
+else:
+    Model = db.Model

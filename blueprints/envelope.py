@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import secrets
+from typing import cast
 
 from flask import Response, current_app, g, request
 
@@ -64,6 +65,7 @@ def failure(
 
 
 def _json(payload: dict, status_code: int) -> Response:
-    response = current_app.json.response(payload)
+    # Flask types it as any Response class; a Flask app's response_class is flask.Response.
+    response = cast(Response, current_app.json.response(payload))
     response.status_code = status_code
     return response

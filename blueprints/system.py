@@ -6,6 +6,7 @@ import json
 import re
 from functools import cache
 from pathlib import Path
+from typing import cast
 
 from flask import (
     Blueprint,
@@ -74,7 +75,7 @@ def favicon():
     """Where browsers look for an icon on any page, JSON ones included (16, 32 and 48 px, drawn
     from static/favicon.svg, which the HTML pages also name)."""
     return send_from_directory(
-        current_app.static_folder,
+        cast(str, current_app.static_folder),  # the app's static/, which Flask types as optional
         "favicon.ico",
         mimetype="image/vnd.microsoft.icon",
         max_age=86400,

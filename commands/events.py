@@ -17,6 +17,7 @@ from flask import current_app
 from flask.cli import AppGroup
 from marshmallow import ValidationError
 from rq import Worker
+from rq.worker import BaseWorker
 
 from commands import command_transaction
 from extensions import db
@@ -188,7 +189,7 @@ def _why_nothing_sends() -> str | None:
     return "No webhook worker is running: the deliveries wait until one starts. " + start
 
 
-def _alive(worker: Worker) -> bool:
+def _alive(worker: BaseWorker) -> bool:
     """A worker beats at least every sweep interval; one killed without unregistering keeps
     its registration for minutes, with an old heartbeat."""
     beat = worker.last_heartbeat
@@ -211,8 +212,9 @@ def _event_data(event_name: str, text: str) -> dict:
 def _parse_object(text: str) -> dict:
     try:
         value = json.loads(text)
-    except ValueError as error:
-        raise click.ClickException(f"--data is not valid JSON: {error.msg}") from None
+    except ValueError as error:  # a syntax error, or a number too long for an int
+        reason = error.msg if isinstance(error, json.JSONDecodeError) else str(error)
+        raise click.ClickException(f"--data is not valid JSON: {reason}") from None
     if not isinstance(value, dict):
         raise click.ClickException("--data must be a JSON object")
     return value

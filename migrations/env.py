@@ -10,7 +10,8 @@ config = context.config
 
 # Interpret the config file for Python logging, leaving the app's own loggers enabled: the
 # default would silence every logger created before migrations run (tests run them in-process).
-fileConfig(config.config_file_name, disable_existing_loggers=False)
+if config.config_file_name is not None:  # Flask-Migrate always names migrations/alembic.ini
+    fileConfig(config.config_file_name, disable_existing_loggers=False)
 logger = logging.getLogger("alembic.env")
 
 

@@ -7,7 +7,7 @@ from datetime import datetime
 from sqlalchemy import JSON, ForeignKey, Index, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from extensions import db
+from extensions import Model
 from models.columns import UTCDateTime, id_column_type, new_id, utcnow
 
 KEY_NAME_MAX_LENGTH = 100
@@ -17,7 +17,7 @@ SCOPES = (READ, WRITE)
 DEFAULT_SCOPES = (READ,)
 
 
-class ApiKey(db.Model):
+class ApiKey(Model):
     __tablename__ = "api_keys"
     __table_args__ = (
         # fetch-keys lists a brand's active keys, newest first.

@@ -7,11 +7,11 @@ from datetime import datetime
 from sqlalchemy import ForeignKey, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from extensions import db
+from extensions import Model
 from models.columns import UTCDateTime, id_column_type, new_id, utcnow
 
 
-class BootstrapToken(db.Model):
+class BootstrapToken(Model):
     __tablename__ = "bootstrap_tokens"
 
     id: Mapped[str] = mapped_column(

@@ -7,7 +7,7 @@ from datetime import datetime
 from sqlalchemy import String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from extensions import db
+from extensions import Model
 from models.columns import UTCDateTime, id_column_type, new_id, utcnow
 
 PLANS = ("starter", "growth", "enterprise")
@@ -17,7 +17,7 @@ KYB_OUTCOMES = ("verified", "rejected")
 BRAND_NAME_MAX_LENGTH = 100
 
 
-class Brand(db.Model):
+class Brand(Model):
     __tablename__ = "brands"
 
     id: Mapped[str] = mapped_column(

@@ -7,7 +7,7 @@ from datetime import datetime
 from sqlalchemy import ForeignKey, Index, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from extensions import db
+from extensions import Model
 from models.columns import UTCDateTime, id_column_type, new_id, utcnow
 from models.money import currency_code, minor_units
 
@@ -30,7 +30,7 @@ NAME_MAX_LENGTH = 200
 BUDGET_THRESHOLDS = (50, 80, 100)
 
 
-class Campaign(db.Model):
+class Campaign(Model):
     __tablename__ = "campaigns"
     __table_args__ = (
         # fetch-campaigns, newest first, alone or by status.

@@ -9,7 +9,7 @@ from datetime import datetime
 from sqlalchemy import JSON, Boolean, ForeignKey, Index, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from extensions import db
+from extensions import Model
 from models.columns import UTCDateTime, id_column_type, new_id, utcnow
 from models.money import currency_code, minor_units
 
@@ -25,7 +25,7 @@ CLICK_ID_MAX_LENGTH = 255
 LINK_CODE_MAX_LENGTH = 100
 
 
-class Conversion(db.Model):
+class Conversion(Model):
     __tablename__ = "conversions"
     __table_args__ = (
         # The idempotency rule itself: one conversion per key per brand, for as long as the

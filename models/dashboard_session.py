@@ -8,11 +8,11 @@ from datetime import datetime
 from sqlalchemy import ForeignKey, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from extensions import db
+from extensions import Model
 from models.columns import UTCDateTime, id_column_type, utcnow
 
 
-class DashboardSession(db.Model):
+class DashboardSession(Model):
     __tablename__ = "dashboard_sessions"
 
     # SHA-256 of the token the cookie carries: a copy of the table opens no session.
@@ -27,7 +27,7 @@ class DashboardSession(db.Model):
     last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, index=True)
 
 
-class OneTimeSecret(db.Model):
+class OneTimeSecret(Model):
     """A key or signing secret a POST made, for the page after its redirect, taken once."""
 
     __tablename__ = "dashboard_one_time_secrets"

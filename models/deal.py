@@ -9,7 +9,7 @@ from datetime import datetime
 from sqlalchemy import ForeignKey, Index, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from extensions import db
+from extensions import Model
 from models.columns import UTCDateTime, id_column_type, new_id, utcnow
 from models.money import currency_code, minor_units
 
@@ -53,7 +53,7 @@ class Settlement:
     currency: str
 
 
-class Deal(db.Model):
+class Deal(Model):
     __tablename__ = "deals"
     __table_args__ = (
         # fetch-deals newest first: alone, by status, by campaign.

@@ -8,7 +8,7 @@ from datetime import datetime
 from sqlalchemy import ForeignKey, Index, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from extensions import db
+from extensions import Model
 from models.columns import UTCDateTime, id_column_type, new_id, utcnow
 from models.money import currency_code, minor_units
 
@@ -18,7 +18,7 @@ REFUNDED = "refunded"
 HOLD_STATUSES = (HELD, RELEASED, REFUNDED)
 
 
-class EscrowHold(db.Model):
+class EscrowHold(Model):
     __tablename__ = "escrow_holds"
     __table_args__ = (
         # fetch-holds newest first: alone, by status, by campaign, by deal.

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
 # `apiVersion` of every event body: the shape of `data` (a new version would be a new shape).
 API_VERSION = "1"
@@ -56,7 +57,7 @@ _CAMPAIGN = {
     "createdAt": "2026-10-28T10:12:44.000Z",
     "updatedAt": "2026-11-15T09:30:00.000Z",
 }
-_DEAL = {
+_DEAL: dict[str, Any] = {
     "id": "deal_01jd3kb7c9x2m4n6p8q0r2s4t6",
     "campaignId": _CAMPAIGN["id"],
     "creatorHandle": "@adaeze.cooks",
@@ -139,7 +140,7 @@ _HOLD = {
     "releasedAt": None,
     "refundedAt": None,
 }
-_CONVERSION = {
+_CONVERSION: dict[str, Any] = {
     "id": "conv_01jd3km1n3p5q7r9s1t3v5w7x9",
     "idempotencyKey": "order-20931-purchase",
     "eventType": "purchase",

@@ -11,14 +11,14 @@ from datetime import datetime
 from sqlalchemy import BigInteger, ForeignKey, Index, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from extensions import db
+from extensions import Model
 from models.columns import UTCDateTime, id_column_type, new_id, utcnow
 
 PLATFORMS = ("instagram", "tiktok", "youtube", "x")
 POST_URL_MAX_LENGTH = 2048
 
 
-class Placement(db.Model):
+class Placement(Model):
     __tablename__ = "placements"
     __table_args__ = (
         # fetch-placements newest first: by campaign, by deal, and all of a brand's (the

@@ -7,7 +7,7 @@ from datetime import datetime
 from sqlalchemy import BigInteger, ForeignKey, Index, SmallInteger, String, func, select
 from sqlalchemy.orm import Mapped, column_property, mapped_column
 
-from extensions import db
+from extensions import Model
 from models.columns import UTCDateTime, id_column_type, new_id, utcnow
 from models.money import currency_code, minor_units
 
@@ -18,7 +18,7 @@ CONVERSION_COUNT_SLOTS = 64
 URL_MAX_LENGTH = 2048
 
 
-class TrackedLink(db.Model):
+class TrackedLink(Model):
     __tablename__ = "tracked_links"
     __table_args__ = (
         # Codes are global (they are the path of a short URL on one domain); a postback's
@@ -57,7 +57,7 @@ class TrackedLink(db.Model):
         return f"<TrackedLink {self.id} {self.code}>"
 
 
-class TrackedLinkConversionCount(db.Model):
+class TrackedLinkConversionCount(Model):
     """One slot of a link's conversion counters; the link's counters are the sum of its slots.
 
     Every postback on a link raises its counters in the postback's own transaction. On one row,

@@ -8,7 +8,7 @@ from sqlalchemy import JSON, ForeignKey, Index, Integer, String, Text, and_, tex
 from sqlalchemy.ext.hybrid import hybrid_property
 from sqlalchemy.orm import Mapped, mapped_column
 
-from extensions import db
+from extensions import Model
 from models.columns import UTCDateTime, id_column_type, new_id, utcnow
 
 PENDING = "pending"
@@ -21,7 +21,7 @@ RESPONSE_BODY_MAX_BYTES = 2048
 _PENDING_ONLY = text("status = 'pending'")
 
 
-class WebhookDelivery(db.Model):
+class WebhookDelivery(Model):
     __tablename__ = "webhook_deliveries"
     __table_args__ = (
         # The delivery log (fetch-deliveries): a brand's rows newest (or oldest) first, alone or
@@ -116,7 +116,7 @@ class WebhookDelivery(db.Model):
         return f"<WebhookDelivery {self.id} {self.event_name} {self.status}>"
 
 
-class WebhookAttempt(db.Model):
+class WebhookAttempt(Model):
     __tablename__ = "webhook_attempts"
     __table_args__ = (
         # An endpoint's attempts of the last 24 hours (its health, CONTRACT 8.4).

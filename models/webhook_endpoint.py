@@ -11,7 +11,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.hybrid import hybrid_property
 from sqlalchemy.orm import Mapped, mapped_column
 
-from extensions import db
+from extensions import Model
 from models.columns import UTCDateTime, id_column_type, new_id, utcnow
 
 URL_MAX_LENGTH = 2048
@@ -21,7 +21,7 @@ DISABLED_REASON_MAX_LENGTH = 200
 MAX_OVERLAP_SECONDS = 604800
 
 
-class WebhookEndpoint(db.Model):
+class WebhookEndpoint(Model):
     __tablename__ = "webhook_endpoints"
     __table_args__ = (
         # fetch-endpoints and fan-out read a brand's endpoints that were not deleted.

@@ -8,11 +8,11 @@ from datetime import datetime
 from sqlalchemy import ForeignKey, Index, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from extensions import db
+from extensions import Model
 from models.columns import UTCDateTime, id_column_type, new_id, utcnow
 
 
-class WebhookEvent(db.Model):
+class WebhookEvent(Model):
     __tablename__ = "webhook_events"
     __table_args__ = (Index("ix_webhook_events_brand_id_created_at", "brand_id", "created_at"),)
 

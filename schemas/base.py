@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
-from typing import ClassVar
+from typing import ClassVar, cast
 
 from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
@@ -50,7 +50,8 @@ class ApiSchema(Schema):
     @validates_schema(pass_original=True)
     def _gives_enough_fields(self, _data, original, **_) -> None:
         if self.min_fields and isinstance(original, dict) and len(original) < self.min_fields:
-            names = ", ".join(field.data_key for field in self.load_fields.values())
+            # on_bind_field gave every field its data_key.
+            names = ", ".join(cast(str, field.data_key) for field in self.load_fields.values())
             raise ValidationError(f"Give at least {self.min_fields} of {names}.")
 
 
@@ -121,7 +122,8 @@ class OptionalText(fields.String):
             allow_none=True, metadata={"pattern": pattern, **(metadata or {})}, **options
         )
 
-    def _deserialize(self, value, attr, data, **kwargs) -> str | None:
+    # None for blank text: a String that may load as None (marshmallow types String as str).
+    def _deserialize(self, value, attr, data, **kwargs) -> str | None:  # type: ignore[override]
         text = _trimmed(super()._deserialize(value, attr, data, **kwargs))
         if len(text) > self.max_length:
             raise ValidationError(f"Longer than maximum length {self.max_length}.")
@@ -162,8 +164,8 @@ class QueryBoolean(fields.Boolean):
     """A query parameter that is exactly `true` or `false` (how the document's `boolean` is
     written in a URL); `1`, `yes` or `True` are refused rather than guessed at."""
 
-    truthy = frozenset({"true"})
-    falsy = frozenset({"false"})
+    truthy = {"true"}
+    falsy = {"false"}
 
 
 def money(description: str, **options) -> fields.Integer:

@@ -54,7 +54,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -525,7 +525,8 @@ def main() -> int:
         database_url = env.get("DATABASE_URL", "").strip()
         if not database_url:
             database_url = env["DATABASE_URL"] = embedded.start_postgres()
-            say(f"Started the embedded PostgreSQL (data in {embedded.postgres.data_dir})")
+            postgres = cast(EmbeddedPostgres, embedded.postgres)  # start_postgres made it
+            say(f"Started the embedded PostgreSQL (data in {postgres.data_dir})")
         redis_url = env.get("REDIS_URL", "").strip()
         if not redis_url:
             redis_url = env["REDIS_URL"] = embedded.start_redis()

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections import namedtuple
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from sqlalchemy import bindparam, or_, select, update
 
@@ -97,22 +97,24 @@ def revoke_api_key(*, brand_id: str, key_id: str, now: datetime | None = None) -
     return key
 
 
+# A psycopg row of the lookup, its fields named as the statement's columns (as a Core row's are):
+# the statement selects exactly these.
+class _KeyRow(NamedTuple):
+    id: str
+    brand_id: str
+    scopes: list[str]
+    secret_hash: str
+    revoked_at: datetime | None
+    last_used_at: datetime | None
+
+
 # Every authenticated request runs this: built once, and run on the session's connection as Core
 # (which skips the ORM's per-execution work), or on PostgreSQL through psycopg itself
 # (services.psycopg_direct).
-_KEY_BY_SECRET_HASH = select(
-    ApiKey.__table__.c.id,
-    ApiKey.__table__.c.brand_id,
-    ApiKey.__table__.c.scopes,
-    ApiKey.__table__.c.secret_hash,
-    ApiKey.__table__.c.revoked_at,
-    ApiKey.__table__.c.last_used_at,
-).where(ApiKey.__table__.c.secret_hash == bindparam("secret_hash"))
+_KEY_BY_SECRET_HASH = select(*(ApiKey.__table__.c[name] for name in _KeyRow._fields)).where(
+    ApiKey.__table__.c.secret_hash == bindparam("secret_hash")
+)
 _KEY_BY_SECRET_HASH_ON_PSYCOPG = psycopg_sql(_KEY_BY_SECRET_HASH)
-
-
-# A psycopg row of the lookup, its fields named as the statement's columns (as a Core row's are).
-_KeyRow = namedtuple("_KeyRow", _KEY_BY_SECRET_HASH.selected_columns.keys())
 
 
 def find_key_by_secret(secret: str) -> tuple[ActiveKey | None, bool]:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import cast
 
-from sqlalchemy import select, update
+from sqlalchemy import CursorResult, select, update
 
 from extensions import db
 from models import BootstrapToken, credentials
@@ -62,7 +63,8 @@ def revoke_bootstrap_tokens(*, brand_id: str, now: datetime | None = None) -> in
         )
         .values(revoked_at=now)
     )
-    return result.rowcount or 0
+    # Session.execute is typed for any statement; an UPDATE's result is a CursorResult.
+    return cast(CursorResult, result).rowcount or 0
 
 
 def find_valid_bootstrap_token(token: str, now: datetime) -> BootstrapToken | None:

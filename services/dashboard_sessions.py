@@ -20,8 +20,9 @@ import hashlib
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import cast
 
-from sqlalchemy import delete, insert, or_, select, update
+from sqlalchemy import Table, delete, insert, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from extensions import db
@@ -33,8 +34,9 @@ from models.columns import utcnow
 LAST_SEEN_PRECISION = timedelta(seconds=60)
 TOKEN_BYTES = 32
 
-_sessions = DashboardSession.__table__
-_secrets = OneTimeSecret.__table__
+# A declarative model's `__table__` is typed as any FromClause; a mapped_column model's is a Table.
+_sessions = cast(Table, DashboardSession.__table__)
+_secrets = cast(Table, OneTimeSecret.__table__)
 
 
 @dataclass(frozen=True)

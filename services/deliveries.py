@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import cast
 
 from flask import current_app
-from sqlalchemy import false, func, not_, select, text, update
+from sqlalchemy import CursorResult, false, func, not_, select, text, update
 
 from extensions import db
 from models import WebhookAttempt, WebhookDelivery, WebhookEndpoint, WebhookEvent
@@ -95,7 +96,7 @@ def delivery_health(brand_id: str, *, since: datetime) -> DeliveryHealth:
             WebhookDelivery.brand_id == brand_id, WebhookDelivery.status == PENDING
         )
     ).one()
-    failed_attempts = db.session.scalar(
+    failed_attempts = db.session.execute(
         select(func.count())
         .select_from(WebhookAttempt)
         .join(WebhookDelivery, WebhookDelivery.id == WebhookAttempt.delivery_id)
@@ -107,7 +108,7 @@ def delivery_health(brand_id: str, *, since: datetime) -> DeliveryHealth:
             WebhookAttempt.requested_at >= since,
             WebhookAttempt.failed,
         )
-    )
+    ).scalar_one()
     return DeliveryHealth(
         delivered=settled.get(DELIVERED, 0),
         failed=settled.get(FAILED, 0),
@@ -182,7 +183,9 @@ def get_delivery_detail(brand_id: str, delivery_id: str) -> DeliveryDetail:
             .order_by(WebhookAttempt.attempt_number)
         )
     )
-    body = db.session.scalar(select(WebhookEvent.body).where(WebhookEvent.id == delivery.event_id))
+    body = db.session.execute(
+        select(WebhookEvent.body).where(WebhookEvent.id == delivery.event_id)
+    ).scalar_one()
     return DeliveryDetail(delivery=delivery, attempts=attempts, payload=json.loads(body))
 
 
@@ -304,4 +307,5 @@ def fail_pending_deliveries(endpoint_id: str, *, error: str) -> int:
         .values(status=FAILED, last_error=error, next_attempt_at=None)
         .execution_options(synchronize_session=False)
     )
-    return result.rowcount
+    # Session.execute is typed for any statement; an UPDATE's result is a CursorResult.
+    return cast(CursorResult, result).rowcount

@@ -221,11 +221,11 @@ def _announce(
 
 def count_disabled_endpoints() -> int:
     """Endpoints disabled and not deleted, every brand's: a number operators watch."""
-    count = db.session.scalar(
+    count = db.session.execute(
         select(func.count()).where(
             WebhookEndpoint.disabled_at.is_not(None), WebhookEndpoint.deleted_at.is_(None)
         )
-    )
+    ).scalar_one()
     db.session.commit()
     return count
 

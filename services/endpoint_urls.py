@@ -221,7 +221,7 @@ def _resolve(hostname: str, port: int) -> list[IpAddress]:
     except UnicodeError:  # a label over 63 characters, or empty: no name at all
         raise AddressRefused("Must be an absolute URL with a valid host name.") from None
     # The zone of a scoped IPv6 address (fe80::1%eth0) is irrelevant to the check.
-    return [ipaddress.ip_address(info[4][0].split("%", 1)[0]) for info in infos]
+    return [ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos]
 
 
 def _require_public(addresses: list[IpAddress], hostname: str, *, error) -> None:

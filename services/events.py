@@ -13,8 +13,9 @@ import json
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import cast
 
-from sqlalchemy import ARRAY, String, bindparam, insert, text
+from sqlalchemy import ARRAY, String, Table, bindparam, insert, text
 
 from extensions import db
 from models import WebhookDelivery, WebhookEvent
@@ -163,7 +164,8 @@ def _dumps(value: dict) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
-_INSERT_DELIVERY = insert(WebhookDelivery.__table__)
+# A declarative model's `__table__` is typed as any FromClause; a mapped_column model's is a Table.
+_INSERT_DELIVERY = insert(cast(Table, WebhookDelivery.__table__))
 # Who receives an event, decided here only: the brand's open endpoints subscribed to it; for the
 # test ping (`only_endpoint_ids`), the brand's open endpoints among those named, whatever
 # their subscriptions; for an operational event (`except_endpoint_ids`), the subscribed ones

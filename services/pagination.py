@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import Select, func, literal, select
 
@@ -55,15 +55,16 @@ def paginate(
     """
     offset = (page - 1) * limit
     count_up_to = max(COUNT_LIMIT, offset + limit) + 1
-    counted_statement = count if count is not None else statement
-    counted = db.session.scalar(
+    # A function of (offset, limit) always comes with its `count`.
+    counted_statement = count if count is not None else cast(Select, statement)
+    counted = db.session.execute(
         select(func.count()).select_from(
             counted_statement.with_only_columns(literal(1), maintain_column_froms=True)
             .order_by(None)
             .limit(count_up_to)
             .subquery()
         )
-    )
+    ).scalar_one()
     if callable(statement):
         page_statement = statement(offset, limit)
     else:

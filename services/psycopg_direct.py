@@ -59,7 +59,8 @@ def _run_on_psycopg(connection: Connection, sql: str, params, fetch):
         cursor.execute(sql, params)
         return fetch(cursor)
     except psycopg.Error as error:
-        lost = connection.dialect.is_disconnect(error, dbapi_connection, cursor)
+        # SQLAlchemy's types name a DB-API error by a class of its own, not the driver's.
+        lost = connection.dialect.is_disconnect(error, dbapi_connection, cursor)  # type: ignore[arg-type]
         if lost:
             connection.invalidate(error)
         raise sqlalchemy.exc.DBAPIError.instance(

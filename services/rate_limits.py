@@ -13,6 +13,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass
+from typing import cast
 
 import limits
 import redis
@@ -45,6 +46,11 @@ class _OneTripRedisStorage(RedisStorage):
         super().__init__(*args, **kwargs)
         self._read_with_hit = threading.local()
 
+    def _client(self) -> redis.Redis:
+        # limits types its client by a protocol of the few calls it makes itself; a redis://
+        # storage's client is a redis.Redis, whose pipelines and SCRIPT LOAD this class uses.
+        return cast(redis.Redis, self.get_connection())
+
     def acquire_sliding_window_entry(
         self, key: str, limit: int, expiry: int, amount: int = 1
     ) -> bool:
@@ -56,7 +62,7 @@ class _OneTripRedisStorage(RedisStorage):
         try:
             acquired, window = self._both(acquire.sha, read.sha, keys, limit, expiry, amount)
         except redis.exceptions.NoScriptError:  # a Redis that restarted or was flushed
-            connection = self.get_connection()
+            connection = self._client()
             connection.script_load(acquire.script)
             connection.script_load(read.script)
             acquired, window = self._both(acquire.sha, read.sha, keys, limit, expiry, amount)
@@ -66,7 +72,7 @@ class _OneTripRedisStorage(RedisStorage):
     def _both(self, acquire_sha, read_sha, keys, limit, expiry, amount):
         # EVALSHA straight into the pipeline: a pipeline of Script objects would first send
         # SCRIPT EXISTS, a round trip of its own.
-        pipe = self.get_connection().pipeline(transaction=False)
+        pipe = self._client().pipeline(transaction=False)
         pipe.evalsha(acquire_sha, 2, *keys, limit, expiry, amount)
         pipe.evalsha(read_sha, 2, *keys, expiry)
         return pipe.execute()

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import ClassVar, Protocol, TypeVar
 
 from sqlalchemy import Select, select
+from sqlalchemy.orm import Mapped
 
 from extensions import db
 from models.paging import ASCENDING
 from services.errors import NotFound
 
-Record = TypeVar("Record")
+
+# What these functions need of a model class: its columns, as SQL expressions.
+class _BrandRecord(Protocol):
+    id: ClassVar[Mapped[str]]
+    brand_id: ClassVar[Mapped[str]]
+
+
+Record = TypeVar("Record", bound=_BrandRecord)
 
 
 def newest_first(statement: Select, model) -> Select:

@@ -229,7 +229,7 @@ def notifier() -> Notifier:
 
 def listener_for(app: Flask | None = None) -> WakeupListener:
     """This process's listener for the app's database, started on first use."""
-    app = app or current_app._get_current_object()
+    app = app or current_app._get_current_object()  # type: ignore[attr-defined]  # a LocalProxy
     with app.app_context():
         conninfo = conninfo_for(db.engine)
     with _listeners_lock:

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import cast
 
 from flask import current_app
-from sqlalchemy import func, select, update
+from sqlalchemy import CursorResult, func, select, update
 
 from extensions import db
 from models import ApiKey, WebhookEndpoint, credentials
@@ -99,11 +100,11 @@ def register_endpoint(
     get_brand(brand_id)
     url = validate_endpoint_url(url, policy)
     subscription = resolve_subscription(events)
-    active_count = db.session.scalar(
+    active_count = db.session.execute(
         select(func.count()).where(
             WebhookEndpoint.brand_id == brand_id, WebhookEndpoint.deleted_at.is_(None)
         )
-    )
+    ).scalar_one()
     if active_count >= MAX_ENDPOINTS_PER_BRAND:
         # A conflict with the brand's state, not a malformed request: the same request succeeds
         # once an endpoint is deleted (RFC 9110, 409).
@@ -268,12 +269,14 @@ def rotate_signing_secret(
 def forget_expired_previous_secrets(*, now: datetime) -> int:
     """Destroy the ciphertext of every previous secret whose overlap has ended (the worker's
     sweep runs this); how many."""
-    forgotten = db.session.execute(
+    result = db.session.execute(
         update(WebhookEndpoint)
         .where(WebhookEndpoint.previous_secret_expires_at <= now)
         .values(previous_secret_ciphertext=None, previous_secret_expires_at=None)
         .execution_options(synchronize_session=False)
-    ).rowcount
+    )
+    # Session.execute is typed for any statement; an UPDATE's result is a CursorResult.
+    forgotten = cast(CursorResult, result).rowcount
     db.session.commit()
     return forgotten
 

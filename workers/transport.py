@@ -21,6 +21,7 @@ import ssl
 import time
 from datetime import UTC, datetime
 from types import SimpleNamespace
+from typing import cast
 
 import aiohttp
 
@@ -187,7 +188,8 @@ def _judge(response, response_body, requested_at, started, headers) -> AttemptOu
     if status in _RETRY_AFTER_STATUSES:
         retry_after = parse_retry_after(response.headers.get("Retry-After"))
         if retry_after is not None:
-            error += f" (Retry-After: {retry_after:g}s)"
+            # A 429 or 503 is not a 2xx: its error was set above.
+            error = cast(str, error) + f" (Retry-After: {retry_after:g}s)"
     return _outcome(
         requested_at,
         started,

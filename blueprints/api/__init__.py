@@ -1,6 +1,7 @@
 """The JSON API under /api/v1. Each resource module adds its routes to `api`."""
 
 from flask import Blueprint
+from flask.sansio.blueprints import BlueprintSetupState
 from werkzeug.routing import BaseConverter
 
 from models.columns import id_pattern
@@ -21,8 +22,12 @@ class IdConverter(BaseConverter):
         self.regex = id_pattern(prefix)
 
 
+def _add_id_converter(state: BlueprintSetupState) -> None:
+    state.app.url_map.converters.setdefault("id", IdConverter)
+
+
 # Recorded before any route, so the converter is on the app's map when the routes are added.
-api.record_once(lambda state: state.app.url_map.converters.setdefault("id", IdConverter))
+api.record_once(_add_id_converter)
 
 
 def register_routes() -> Blueprint:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import cast
 
 from flask import current_app, g, request
 
@@ -54,7 +55,7 @@ def authenticate(*, scope: str | None = None, bootstrap_token: bool = False, rat
             authorize(caller, kwargs["brand_id"], scope)
             return view(*args, **kwargs)
 
-        authenticated_view.auth = requirement
+        vars(authenticated_view)["auth"] = requirement  # a function attribute: mypy types none
         return authenticated_view
 
     return decorator
@@ -70,7 +71,9 @@ def _count_request(limit: str, caller: Caller) -> None:
     if limiter is None:
         return
     try:
-        g.rate_limit = limiter.count_request(limit, caller.key_id or caller.bootstrap_token_id)
+        # A caller is an API key or a bootstrap token: one of the two ids is set.
+        credential_id = cast(str, caller.key_id or caller.bootstrap_token_id)
+        g.rate_limit = limiter.count_request(limit, credential_id)
     except RateLimited as refused:
         g.rate_limit = refused.state
         raise

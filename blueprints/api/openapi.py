@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import copy
 import re
+from typing import cast
 
 from apispec import APISpec
-from apispec.ext.marshmallow import MarshmallowPlugin, resolver
+from apispec.ext.marshmallow import MarshmallowPlugin, OpenAPIConverter, resolver
 from flask import Flask, current_app, has_request_context, jsonify, request
-from marshmallow import Schema
 from werkzeug.routing import Rule
 
 from blueprints.api import API_PREFIX, IdConverter, api
@@ -27,7 +27,7 @@ from blueprints.api.webhook_events import (
 from models.api_key import WRITE
 from models.columns import id_pattern
 from models.event_catalog import SAMPLE_RECORDS
-from schemas.base import camelcase
+from schemas.base import ApiSchema, camelcase
 from schemas.envelope import ErrorEnvelopeSchema, envelope_for
 from schemas.webhooks import EndpointUrl
 from services.endpoint_urls import UrlPolicy, url_pattern
@@ -196,8 +196,10 @@ def build_openapi(app: Flask) -> dict:
         # JSON Schema 2020-12 keywords apispec does not copy from a field's metadata.
         return {key: field.metadata[key] for key in _PASSED_KEYWORDS if key in field.metadata}
 
-    marshmallow.converter.add_attribute_function(receiver_url_pattern)
-    marshmallow.converter.add_attribute_function(json_schema_keywords)
+    # The plugin's converter, made when APISpec initialised the plugin above.
+    converter = cast(OpenAPIConverter, marshmallow.converter)
+    converter.add_attribute_function(receiver_url_pattern)
+    converter.add_attribute_function(json_schema_keywords)
     for name, (description, schema, _required) in _HEADERS.items():
         spec.components.header(name, {"description": description, "schema": schema})
     spec.components.schema("ErrorEnvelope", schema=ErrorEnvelopeSchema)
@@ -212,7 +214,7 @@ def build_openapi(app: Flask) -> dict:
         )
 
     register_event_schemas(spec)
-    bodies: set[type[Schema]] = set()
+    bodies: set[type[ApiSchema]] = set()
     for rule in sorted(app.url_map.iter_rules(), key=lambda r: r.rule):
         view = app.view_functions.get(rule.endpoint)
         declared = getattr(view, "operation", None)
@@ -225,7 +227,8 @@ def build_openapi(app: Flask) -> dict:
             bodies.add(declared.body)
         operations = {
             method.lower(): _operation(declared, getattr(view, "auth", None), rule)
-            for method in sorted(rule.methods - {"HEAD", "OPTIONS"})
+            # Flask gives every rule its methods (Werkzeug types them as optional).
+            for method in sorted(cast(set[str], rule.methods) - {"HEAD", "OPTIONS"})
         }
         spec.path(path=path, operations=operations)
     document = spec.to_dict()
@@ -330,7 +333,7 @@ def _keyed(auth) -> bool:
     return auth is not None
 
 
-def _body_is_required(body: type[Schema]) -> bool:
+def _body_is_required(body: type[ApiSchema]) -> bool:
     fields_ = body().load_fields.values()
     return body.min_fields > 0 or any(field.required for field in fields_)
 
@@ -344,7 +347,7 @@ def _required_scope(auth) -> str:
     return "write" if auth.scope == WRITE else "read"
 
 
-def _state_request_rules(document: dict, bodies: set[type[Schema]]) -> None:
+def _state_request_rules(document: dict, bodies: set[type[ApiSchema]]) -> None:
     """Rules the operation decorator applies to every request, stated on every request field
     they apply to: no NUL character in any query parameter or body string
     (`blueprints.api.operations`), and `ApiSchema.min_fields` as `minProperties`."""

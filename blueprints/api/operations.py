@@ -8,7 +8,7 @@ import functools
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +18,7 @@ from werkzeug.exceptions import RequestEntityTooLarge
 
 from blueprints.envelope import success
 from extensions import db
+from schemas.base import ApiSchema
 from schemas.envelope import PageMetaSchema
 from services.errors import NotFound, ValidationFailed
 
@@ -43,7 +44,7 @@ class Operation:
     summary: str
     tag: str
     description: str = ""
-    body: type[Schema] | None = None
+    body: type[ApiSchema] | None = None
     query: type[Schema] | None = None
     # Request headers the operation reads (its fields' `data_key`s are the header names).
     headers: type[Schema] | None = None
@@ -88,7 +89,7 @@ def operation(**declaration):
                 status, message = spec.other_status(result) or (status, message)
             return success(data, status_code=status, message=message, meta=meta)
 
-        operation_view.operation = spec
+        vars(operation_view)["operation"] = spec  # a function attribute: mypy types none
         return operation_view
 
     return decorator
@@ -156,6 +157,7 @@ def _unstorable_values(payload) -> dict[str, list[str]]:
     stack: list[tuple[object, str, int]] = [(payload, "", 0)]
     while stack:
         value, path, depth = stack.pop()
+        items: Iterable[tuple[object, object]]
         if isinstance(value, dict):
             items = value.items()
             if any(_UNSTORABLE_CHARACTER.search(key) for key in value):

@@ -4,6 +4,8 @@ CONTRACT section 4). Nothing here writes: the platform's changes arrive through
 
 from __future__ import annotations
 
+from typing import cast
+
 from blueprints.api import api
 from blueprints.api.auth import authenticate, current_caller
 from blueprints.api.operations import operation
@@ -176,4 +178,5 @@ def fetch_escrow_hold(brand_id: str, hold_id: str):
 )
 def fetch_workspace(brand_id: str):
     caller = current_caller()
-    return get_workspace(brand_id=brand_id, key_id=caller.key_id, scopes=caller.scopes)
+    # An API key's caller: only create-key takes a bootstrap token.
+    return get_workspace(brand_id=brand_id, key_id=cast(str, caller.key_id), scopes=caller.scopes)

@@ -4,6 +4,7 @@ retrying now, the attempts that failed), and its endpoints."""
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import cast
 
 from blueprints.dashboard import dashboard
 from blueprints.dashboard.rendering import render
@@ -33,7 +34,8 @@ def overview():
     return render(
         "dashboard/overview.html",
         workspace=_workspace.dump(
-            get_workspace(brand_id=brand_id, key_id=caller.key_id, scopes=caller.scopes)
+            # A dashboard session is an API key's.
+            get_workspace(brand_id=brand_id, key_id=cast(str, caller.key_id), scopes=caller.scopes)
         ),
         health=delivery_health(brand_id, since=utcnow() - RECENT),
         endpoints=_endpoints.dump(list_endpoints(brand_id)),

@@ -43,7 +43,7 @@ def load_form(schema: Schema) -> dict:
 
     :raise ValidationFailed: with the API's per-field errors.
     """
-    data = {}
+    data: dict[str, str | list[str]] = {}
     for name, field in schema.fields.items():
         key = field.data_key or name
         if isinstance(field, fields.List):

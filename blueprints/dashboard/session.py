@@ -78,7 +78,7 @@ def signed_in(*, write: bool = False):
             g.dashboard_session = opened
             return view(*args, **kwargs)
 
-        signed_in_view.requires_write = write
+        vars(signed_in_view)["requires_write"] = write  # a function attribute: mypy types none
         return signed_in_view
 
     return decorator
@@ -105,6 +105,7 @@ def start_session(caller: Caller) -> None:
     """Sign in as `caller`'s key: a new session on the server and a new cookie (and CSRF token),
     so nothing of an earlier session carries over. Commits."""
     end_session()
+    assert caller.key_id is not None, "a bootstrap token never signs in"
     session[SESSION_TOKEN] = dashboard_sessions.start_session(
         brand_id=caller.brand_id, key_id=caller.key_id, lifetimes=session_lifetimes()
     )
@@ -166,7 +167,7 @@ def send_to_sign_in(error: SignedOut):
         # Back to the page the fragment was for, not to the fragment's own URL; and tell htmx
         # to navigate, or it would swap the sign-in page into the fragment's place.
         current = urlsplit(request.headers.get("HX-Current-URL", ""))
-        back_to = current.path + (f"?{current.query}" if current.query else "")
+        back_to: str | None = current.path + (f"?{current.query}" if current.query else "")
         return "", 200, {"HX-Redirect": url_for("dashboard.sign_in", next=back_to or None)}
     back_to = request.full_path.rstrip("?") if request.method == "GET" else None
     return redirect(url_for("dashboard.sign_in", next=back_to), code=303)

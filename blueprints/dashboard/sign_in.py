@@ -77,7 +77,9 @@ def sign_in_with_key():
 
 def _seconds_until_sign_in_allowed() -> int | None:
     limiter = rate_limiter()
-    return limiter and limiter.seconds_until_allowed(SIGN_IN_FAILURES, _client_address())
+    if limiter is None:
+        return None
+    return limiter.seconds_until_allowed(SIGN_IN_FAILURES, _client_address())
 
 
 def _count_failed_sign_in() -> None:

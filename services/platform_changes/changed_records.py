@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TypeVar
+from typing import ClassVar, Protocol, TypeVar
 
 from sqlalchemy import select
+from sqlalchemy.orm import Mapped
 
 from extensions import db
 from models import Campaign, Deal
@@ -13,7 +14,13 @@ from schemas.events import event_data
 from services.errors import NotFound
 from services.events import PublishedEvent, publish_event
 
-Record = TypeVar("Record")
+
+# What these functions need of a model class: its `id` column, as an SQL expression.
+class _Record(Protocol):
+    id: ClassVar[Mapped[str]]
+
+
+Record = TypeVar("Record", bound=_Record)
 
 
 def locked(model: type[Record], record_id: str) -> Record:

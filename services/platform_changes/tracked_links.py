@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
+from typing import cast
 
-from sqlalchemy import select, update
+from sqlalchemy import CursorResult, select, update
 
 from extensions import db
 from models import Campaign, Deal, TrackedLink
@@ -71,5 +72,6 @@ def record_link_clicks(link_id: str, *, clicks: int, now: datetime | None = None
         .where(TrackedLink.id == link_id)
         .values(clicks=TrackedLink.clicks + clicks, last_clicked_at=now)
     )
-    if counted.rowcount == 0:
+    # Session.execute is typed for any statement; an UPDATE's result is a CursorResult.
+    if cast(CursorResult, counted).rowcount == 0:
         raise NotFound(f"No TrackedLink with id {link_id!r}")
