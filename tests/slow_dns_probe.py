@@ -9,7 +9,6 @@ answers: the address check, the lookup and TLS are the production ones."""
 from __future__ import annotations
 
 import asyncio
-import datetime
 import json
 import ssl
 import subprocess
@@ -19,14 +18,11 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from dnslib import QTYPE, RR, A
 from dnslib.server import BaseResolver, DNSServer
 
 from services.endpoint_urls import UrlPolicy
+from tests.certificates import TestCa
 from workers.transport import Transport
 
 ADDRESS = "11.0.0.1"
@@ -59,48 +55,8 @@ class Ok(BaseHTTPRequestHandler):
 
 
 def certificates(workdir: Path) -> tuple[Path, Path]:
-    now = datetime.datetime.now(datetime.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Test CA")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "receivers")]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("*.healthy.test"), x509.DNSName("*.slow.test")]
-            ),
-            critical=False,
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    ca_file, cert_file = workdir / "ca.pem", workdir / "receiver.pem"
-    ca_file.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    cert_file.write_bytes(
-        cert.public_bytes(serialization.Encoding.PEM)
-        + key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return ca_file, cert_file
+    ca = TestCa(workdir)
+    return ca.ca_file, ca.issue("*.healthy.test", "*.slow.test")
 
 
 async def send_all(ca_file: Path, port: int) -> dict:

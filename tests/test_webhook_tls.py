@@ -5,73 +5,23 @@ certificate check bypassed). A real TLS server on 127.0.0.1 with a certificate f
 from __future__ import annotations
 
 import asyncio
-import datetime
 import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from services.endpoint_urls import UrlPolicy
+from tests.certificates import TestCa
 from workers.transport import Transport
 
 LOCAL = UrlPolicy(https_only=False, allow_local=True)
 
 
-def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-
-
-def _certificate(subject, issuer, public_key, signing_key, *, ca: bool, dns: str | None):
-    now = datetime.datetime.now(datetime.UTC)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(issuer)
-        .public_key(public_key)
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-    )
-    if dns:
-        builder = builder.add_extension(
-            x509.SubjectAlternativeName([x509.DNSName(dns)]), critical=False
-        )
-    return builder.sign(signing_key, hashes.SHA256())
-
-
 @pytest.fixture(scope="module")
 def test_ca(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("tls")
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_cert = _certificate(
-        _name("Test CA"), _name("Test CA"), ca_key.public_key(), ca_key, ca=True, dns=None
-    )
-    ca_file = directory / "ca.pem"
-    ca_file.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
-
-    def issue(dns_name: str):
-        key = ec.generate_private_key(ec.SECP256R1())
-        cert = _certificate(
-            _name(dns_name), _name("Test CA"), key.public_key(), ca_key, ca=False, dns=dns_name
-        )
-        cert_file = directory / f"{dns_name}.pem"
-        cert_file.write_bytes(
-            cert.public_bytes(serialization.Encoding.PEM)
-            + key.private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.PKCS8,
-                serialization.NoEncryption(),
-            )
-        )
-        return cert_file
-
-    return ca_file, issue
+    ca = TestCa(tmp_path_factory.mktemp("tls"))
+    return ca.ca_file, ca.issue
 
 
 class _Ok(BaseHTTPRequestHandler):
