@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from marshmallow import fields, validate
 
+from models.event_catalog import EVENT_NAMES
 from schemas.api_keys import KeyCreateSchema
 from schemas.base import ResourceId
+from schemas.envelope import PageQuerySchema
 
 
 class BootstrapSignInSchema(KeyCreateSchema):
@@ -18,3 +20,10 @@ class BootstrapSignInSchema(KeyCreateSchema):
         load_only=True,
         metadata={"description": "The bootstrap token support issued (`bst_…`)."},
     )
+
+
+class EventLogQuerySchema(PageQuerySchema):
+    """The Events page: the brand's events newest first, of one type, or the one with an id."""
+
+    type = fields.String(validate=validate.OneOf(EVENT_NAMES))
+    event_id = ResourceId("evt", "event")

@@ -4,6 +4,7 @@ long-poll, retention, another brand's events, and what a waiting request holds."
 
 from __future__ import annotations
 
+import re
 import statistics
 import threading
 import time
@@ -378,3 +379,42 @@ def test_the_feed_order_is_the_publishing_transactions_order(app, brand):
     assert rows[first].xact_id == rows[second].xact_id < rows[third].xact_id
     assert rows[first].position < rows[second].position
     assert notifier().flush(5)
+
+
+def test_the_document_states_every_rule_of_the_events_routes(client):
+    spec = client.get("/api/v1/openapi.json").get_json()
+    feed = spec["paths"]["/brand/{brandId}/event/fetch-events"]["get"]
+    one = spec["paths"]["/brand/{brandId}/event/{eventId}"]["get"]
+    assert feed["operationId"] == "fetchEvents" and one["operationId"] == "fetchEvent"
+    assert feed["x-required-scope"] == one["x-required-scope"] == "read"
+    assert {"400", "401", "403", "404", "429"} <= set(feed["responses"])
+    assert "404" in one["responses"]
+    query = {p["name"]: p["schema"] for p in feed["parameters"] if p["in"] == "query"}
+    assert set(query) == {"after", "limit", "types", "wait"}
+    assert (query["limit"]["minimum"], query["limit"]["maximum"], query["limit"]["default"]) == (
+        1,
+        100,
+        50,
+    )
+    assert (query["wait"]["minimum"], query["wait"]["maximum"], query["wait"]["default"]) == (
+        0,
+        30,
+        0,
+    )
+    assert query["after"]["pattern"] == "^evt_[0-9a-z]{1,36}$"
+    types = re.compile(query["types"]["pattern"])
+    assert types.match("deal.completed") and types.match("escrow.released,deal.completed")
+    for refused in ("", "deal.completed,", "deal.complete", "deal.completed, escrow.held"):
+        assert not types.match(refused), refused
+    [path_id] = [p for p in one["parameters"] if p["name"] == "eventId"]
+    assert path_id["schema"]["pattern"] == "^evt_[0-9a-z]{1,36}$"
+
+    schemas = spec["components"]["schemas"]
+    envelope = feed["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
+    properties = schemas[envelope.split("/")[-1]]["properties"]
+    meta = schemas[properties["meta"]["$ref"].split("/")[-1]]["properties"]
+    assert set(meta) == {"nextAfter", "cursorExpired"}
+    assert meta["nextAfter"]["nullable"] is True
+    data = schemas[properties["data"]["$ref"].split("/")[-1]]["properties"]
+    event = schemas[data["events"]["items"]["$ref"].split("/")[-1]]["properties"]
+    assert set(event) == {"id", "type", "createdAt", "data"}
