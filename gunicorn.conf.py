@@ -16,7 +16,7 @@ from observability.metrics import mark_process_dead
 # in its thread, doing nothing and holding no database connection, while the requests doing
 # work take turns at the app's work slots (services/work_slots.py; app.WORK_SLOTS_PER_PROCESS,
 # what `--threads` was before). 200 waiting clients on `make run` cost each worker about one
-# thread and 40 KiB of RSS per client waiting there, no CPU and no connection
+# thread and about 80 KiB of RSS per client waiting there, no CPU and no connection
 # (docs/benchmarks.md, "Long-polls"); gunicorn makes the threads as they are needed. Past
 # `threads` requests held at once, more queue behind them: add workers.
 worker_class = "gthread"

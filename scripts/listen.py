@@ -350,6 +350,21 @@ def skip_to_the_end(api: Api) -> tuple[str | None, int]:
             return after, skipped
 
 
+def _until_reachable(call):
+    """`call()`, tried again with back-off while the API cannot be reached."""
+    pause = 1.0
+    while True:
+        try:
+            return call()
+        except ApiUnavailable as problem:
+            say(
+                f"{_now()}  the API is unreachable ({problem.args[0]}); trying again in "
+                f"{pause:.0f} s"
+            )
+            time.sleep(pause)
+            pause = min(pause * 2, RETRY_MAX_SECONDS)
+
+
 def say(line: str) -> None:
     print(line, flush=True)
 
@@ -408,7 +423,7 @@ def main(argv: list[str]) -> int:
             state.save(secret=secret)
             start = f"after {state.values['after'] or 'the start'} (from {path})"
         else:
-            newest, skipped = skip_to_the_end(api)
+            newest, skipped = _until_reachable(lambda: skip_to_the_end(api))
             state.save(after=newest, secret=secret)
             start = f"with new events ({skipped} earlier ones skipped; --after EVENT_ID replays)"
         relay = Relay(arguments, api, state)
@@ -422,12 +437,11 @@ def main(argv: list[str]) -> int:
         )
         relay.run()
     except (Stop, KeyboardInterrupt):
-        after = relay.after if relay else None
-        say(f"Stopped. The next run resumes after {after or 'the start'} ({path}).")
+        if relay is None:
+            say("Stopped before forwarding anything.")
+        else:
+            say(f"Stopped. The next run resumes after {relay.after or 'the start'} ({path}).")
         return 0
-    except ApiUnavailable as problem:  # only before the relay runs: the first skip
-        say(f"listen: the API is unreachable ({problem.args[0]}); nothing was forwarded")
-        return 1
     except Fatal as problem:
         say(f"listen: {problem}")
         return 2
