@@ -5,6 +5,7 @@ long-poll, retention, another brand's events, and what a waiting request holds."
 from __future__ import annotations
 
 import re
+import signal
 import statistics
 import threading
 import time
@@ -418,3 +419,21 @@ def test_the_document_states_every_rule_of_the_events_routes(client):
     data = schemas[properties["data"]["$ref"].split("/")[-1]]["properties"]
     event = schemas[data["events"]["items"]["$ref"].split("/")[-1]]["properties"]
     assert set(event) == {"id", "type", "createdAt", "data"}
+
+
+def test_a_stopping_worker_answers_its_waiting_requests_at_once(app, app_environ, brand, feed):
+    [after] = publish(app, brand)
+    own = ServerProcess(app_environ, workers=1, threads=None, worker_class=None)
+    try:
+        waiting = Feed(own, brand, feed.headers["X-Api-Key"])
+        thread, answer = _wait_in_background(waiting, after=after, wait=25)
+        time.sleep(1.0)
+        stopped_at = time.monotonic()
+        own.process.send_signal(signal.SIGTERM)
+        thread.join(20)
+        body = answer["response"].json()
+        assert body["data"]["events"] == []
+        assert body["meta"]["nextAfter"] == after
+        assert answer["at"] - stopped_at < 1.5  # not held until the graceful timeout
+    finally:
+        own.stop()
