@@ -141,18 +141,6 @@ def fetch_events(
                 woken.wait(pause)
 
 
-def read_events(
-    *,
-    brand_id: str,
-    after: str | None = None,
-    limit: int = FEED_DEFAULT_LIMIT,
-    types: Sequence[str] | None = None,
-    now: datetime | None = None,
-) -> EventPage:
-    """One read of the feed, without waiting (`fetch_events` with `wait=0`)."""
-    return fetch_events(brand_id=brand_id, after=after, limit=limit, types=types, now=now)
-
-
 def _cursor(brand_id: str, after: str | None, kept_since: datetime) -> _Cursor:
     """Where the feed resumes after `after`. An event retention deleted (its id tells when it
     was made), or one older than the retention, restarts the feed at the oldest kept event.

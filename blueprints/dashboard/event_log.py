@@ -14,17 +14,19 @@ import re
 from flask import flash, redirect, request, url_for
 
 from blueprints.dashboard import dashboard
+from blueprints.dashboard.deliveries import poll_context
 from blueprints.dashboard.rendering import chosen_filters, load_query, render, render_list
 from blueprints.dashboard.session import current_caller, signed_in
 from extensions import db
 from models.columns import id_pattern
 from models.event_catalog import EVENT_NAMES
+from models.paging import MAX_LIMIT
 from models.webhook_delivery import DELIVERY_STATUSES
 from schemas.base import iso_timestamp
 from schemas.dashboard import EventLogQuerySchema
 from schemas.envelope import PageMetaSchema
-from schemas.webhooks import EndpointSchema
-from services.deliveries import send_event_again
+from schemas.webhooks import DeliverySchema, EndpointSchema
+from services.deliveries import list_deliveries, send_event_again
 from services.errors import NotFound, ValidationFailed
 from services.event_feed import get_event, list_events
 from services.retention import retention_period
@@ -38,6 +40,7 @@ ENDPOINT_ID = re.compile(id_pattern("whe"))
 _query = EventLogQuerySchema()
 _meta = PageMetaSchema()
 _endpoints = EndpointSchema(many=True)
+_deliveries = DeliverySchema(many=True)
 
 
 @dashboard.get("/events")
@@ -104,23 +107,17 @@ def event(event_id: str):
     brand_id = current_caller().brand_id
     detail = get_event(brand_id, event_id)
     endpoints = {e["id"]: e for e in _endpoints.dump(list_endpoints(brand_id))}
-    deliveries = [
-        {
-            "id": delivery.id,
-            "endpointId": delivery.endpoint_id,
-            "status": delivery.status,
-            "attemptCount": delivery.attempt_count,
-            "createdAt": iso_timestamp(delivery.created_at),
-        }
-        for delivery in detail.deliveries
-    ]
+    # Its deliveries as the delivery log shows them (retrying, next retry; pending rows refresh).
+    deliveries = list_deliveries(brand_id=brand_id, page=1, limit=MAX_LIMIT, event_id=event_id)
     return render(
         "dashboard/event.html",
         event={"id": detail.id, "type": detail.type, "createdAt": iso_timestamp(detail.created_at)},
         body=json.dumps(json.loads(detail.body), indent=2, ensure_ascii=False),
-        deliveries=deliveries,
+        deliveries=_deliveries.dump(deliveries.items),
+        more_deliveries=deliveries.has_next,
         endpoints=endpoints,
         active_endpoints=[e for e in endpoints.values() if e["isActive"]],
+        **poll_context(0),
     )
 
 
