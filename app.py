@@ -26,11 +26,13 @@ from config import Settings
 from extensions import db, migrate
 from observability.logs import configure_logging
 from observability.metrics import count_request
-from services import wakeups
+from services import wakeups, work_slots
 from services.secret_box import SecretBox
 
 MAX_BODY_BYTES = 64 * 1024
 ENGINE_OPTIONS = {"pool_pre_ping": True, "pool_size": 10, "max_overflow": 10, "pool_recycle": 1800}
+# Requests of one process doing work at once; many more may wait (services/work_slots.py).
+WORK_SLOTS_PER_PROCESS = 4
 access_log = logging.getLogger("brand_api.access")
 
 
@@ -69,8 +71,11 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
     register_error_handlers(app)
     register_commands(app)
     wakeups.install()
+    work_slots.install(WORK_SLOTS_PER_PROCESS)
     app.before_request(_start_request)
+    app.before_request(work_slots.take)
     app.after_request(_finish_request)
+    app.teardown_request(work_slots.give_back)
     return app
 
 

@@ -43,6 +43,24 @@ def new_id(prefix: str, at: datetime | None = None) -> str:
     return f"{prefix}_{''.join(reversed(chars))}"
 
 
+def id_time(value: str) -> datetime | None:
+    """When `new_id` made the id (its first 48 bits, milliseconds), or None for a string that is
+    not one of its ids. For an id whose record may be gone: was it made long ago?"""
+    _, _, encoded = value.rpartition("_")
+    if len(encoded) != 26 or encoded[0] not in "01234567":  # 130 bits hold 128 when it starts so
+        return None
+    number = 0
+    for char in encoded:
+        digit = _CROCKFORD32.find(char)
+        if digit < 0:
+            return None
+        number = number * 32 + digit
+    try:
+        return datetime.fromtimestamp((number >> 80) / 1000, UTC)
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
 def id_pattern(prefix: str) -> str:
     """The regular expression (unanchored) of an id of one type: its prefix, `_`, then what
     `new_id` writes, within the column's length. The router matches path ids with it, the

@@ -7,6 +7,7 @@ from marshmallow import fields, validate
 from models.event_catalog import EVENT_NAMES
 from schemas.api_keys import KeyCreateSchema
 from schemas.base import ApiSchema, ResourceId
+from schemas.envelope import PageQuerySchema
 
 
 class BootstrapSignInSchema(KeyCreateSchema):
@@ -29,3 +30,10 @@ class ExampleEventSchema(ApiSchema):
         validate=validate.OneOf(EVENT_NAMES, error="Not an event: choose one of the list."),
         metadata={"description": "The event whose sample body is sent."},
     )
+
+
+class EventLogQuerySchema(PageQuerySchema):
+    """The Events page: the brand's events newest first, of one type, or the one with an id."""
+
+    type = fields.String(validate=validate.OneOf(EVENT_NAMES))
+    event_id = ResourceId("evt", "event")

@@ -147,13 +147,21 @@ class ErrorEnvelopeSchema(ApiSchema):
 
 
 @cache
-def envelope_for(data_schema: type[Schema], *, many: bool = False, paged: bool = False):
-    """A named envelope schema whose `data` is `data_schema` (for the OpenAPI document)."""
+def envelope_for(
+    data_schema: type[Schema],
+    *,
+    many: bool = False,
+    paged: bool = False,
+    meta: type[Schema] | None = None,
+):
+    """A named envelope schema whose `data` is `data_schema` and whose `meta` is the paging
+    (`paged`) or `meta` (for the OpenAPI document)."""
     name = data_schema.__name__.removesuffix("Schema") + ("List" if many else "") + "Envelope"
+    meta = PageMetaSchema if paged else meta
     return ApiSchema.from_dict(
         _envelope_fields(
             fields.Nested(data_schema, many=many, required=True),
-            fields.Nested(PageMetaSchema, required=True) if paged else None,
+            fields.Nested(meta, required=True) if meta is not None else None,
         ),
         name=name,
     )

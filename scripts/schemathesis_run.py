@@ -14,7 +14,7 @@ In order:
    revoke-key to revoke, three webhook endpoints (one the run uses, one for update-endpoint to
    change, one for delete-endpoint to delete), a test delivery and a postback; every id goes to
    schemathesis (scripts/schemathesis.toml) beside the demo brand's campaign, deal, link,
-   placement and hold.
+   placement, hold and oldest event.
 5. `schemathesis run` with every check on; its exit status is this script's.
 
 Extra arguments are passed to `schemathesis run` (`make schemathesis ST_ARGS="--max-examples 5"`).
@@ -165,6 +165,7 @@ def _records(url: str, brand_id: str, bootstrap_token: str) -> dict[str, str]:
         "LINK_ID": first("/tracked-link/fetch-links", "links"),
         "PLACEMENT_ID": first("/placement/fetch-placements", "placements"),
         "HOLD_ID": first("/escrow/fetch-holds", "holds"),
+        "EVENT_ID": api.call("GET", "/event/fetch-events", 200)["events"][0]["id"],
     }
 
 

@@ -207,6 +207,42 @@ def redeliver(*, brand_id: str, delivery_id: str, now: datetime | None = None) -
     return new_delivery
 
 
+def send_event_again(
+    *, brand_id: str, event_id: str, endpoint_id: str, now: datetime | None = None
+) -> str:
+    """Deliver one of the brand's stored events to one of its endpoints (the dashboard's
+    "resend to endpoint…"): when the event went to that endpoint before, a redelivery of its
+    newest delivery there (redeliver's rule: the original notes it); otherwise a first delivery,
+    whatever the endpoint subscribes to, as a test ping is. The new delivery's id.
+
+    :raise NotFound: no such event or endpoint in this brand, or the endpoint is disabled or
+        deleted."""
+    event_name = db.session.scalar(
+        select(WebhookEvent.name).where(
+            WebhookEvent.id == event_id, WebhookEvent.brand_id == brand_id
+        )
+    )
+    if event_name is None:
+        raise NotFound(f"No event with id {event_id!r} in this brand")
+    endpoint = _endpoint_taking_deliveries(endpoint_id, "This endpoint", brand_id=brand_id)
+    newest = db.session.scalar(
+        select(WebhookDelivery.id)
+        .where(
+            *_of_event(brand_id, event_id),
+            WebhookDelivery.brand_id == brand_id,
+            WebhookDelivery.endpoint_id == endpoint.id,
+        )
+        .order_by(WebhookDelivery.created_at.desc(), WebhookDelivery.id.desc())
+        .limit(1)
+    )
+    if newest is not None:
+        return redeliver(brand_id=brand_id, delivery_id=newest, now=now)
+    [new_delivery] = deliver_again(
+        brand_id=brand_id, endpoint_id=endpoint.id, events=[(event_id, event_name)], now=now
+    )
+    return new_delivery
+
+
 @dataclass(frozen=True)
 class Recovered:
     endpoint_id: str

@@ -52,7 +52,7 @@ def expected_signature(secret: str, timestamp: str, body: bytes) -> str:
 
 
 class Receiver:
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self.secrets: list[str] = []
         self.received: list[Received] = []
         # What every request gets once the script is used up.
@@ -64,7 +64,7 @@ class Receiver:
         self.trickles_finished = 0
         self._script: deque[Reply] = deque()
         self._lock = threading.Condition()
-        self.server = _Server(("127.0.0.1", 0), _Handler)
+        self.server = _Server(("127.0.0.1", port), _Handler)
         self.server.daemon_threads = True
         self.server.receiver = self
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)

@@ -34,9 +34,13 @@ class ServerProcess:
         environ: dict[str, str],
         *,
         workers: int = 2,
-        threads: int = 8,
+        threads: int | None = 8,
+        worker_class: str | None = "gthread",
+        port: int = 0,
         **settings: str,
     ) -> None:
+        """`threads` and `worker_class` None: gunicorn.conf.py's, as `make run` and production
+        have them. `port` 0: a free one."""
         self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - kept open for the process
             prefix="gunicorn-", suffix=".log", delete=False
         )
@@ -49,13 +53,11 @@ class ServerProcess:
                 "gunicorn",
                 "app:create_app()",
                 "--bind",
-                "127.0.0.1:0",
+                f"127.0.0.1:{port}",
                 "--workers",
                 str(workers),
-                "--threads",
-                str(threads),
-                "--worker-class",
-                "gthread",
+                *(("--threads", str(threads)) if threads is not None else ()),
+                *(("--worker-class", worker_class) if worker_class is not None else ()),
                 "--graceful-timeout",
                 "2",
                 "--config",

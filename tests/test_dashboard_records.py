@@ -443,12 +443,12 @@ def _register(app, brand_id: str, url: str, events: list[str]) -> str:
         return issued.id
 
 
-def test_events_page_lists_every_event_with_a_json_sample(client, brand, read_key):
+def test_event_types_page_lists_every_event_with_a_json_sample(client, brand, read_key):
     sign_in(client, read_key)
-    response = client.get("/dashboard/events")
+    response = client.get("/dashboard/event-types")
     assert response.status_code == 200
     page = response.get_data(as_text=True)
-    assert "<h1>Events</h1>" in page
+    assert "<h1>Event types</h1>" in page
     for name in EVENT_NAMES:
         entry = _event_entry(page, name)
         assert f'href="#{name}"' in page
@@ -471,7 +471,7 @@ def test_events_mark_the_default_subscription_and_the_subscribers(
         app, make_brand("Other Co"), "http://127.0.0.1:9/other", list(EVENT_NAMES[:5])
     )
     sign_in(client, read_key)
-    page = client.get("/dashboard/events").get_data(as_text=True)
+    page = client.get("/dashboard/event-types").get_data(as_text=True)
     subscribers = {
         "deal.completed": {first},
         "escrow.held": {first, second},
@@ -498,6 +498,7 @@ def test_read_scope_sees_every_record_page(app, client, brand, read_key):
         f"/dashboard/conversions/{ids['deal']}",
         "/dashboard/links",
         "/dashboard/events",
+        "/dashboard/event-types",
     ]:
         response = client.get(path)
         assert response.status_code == 200, path
@@ -507,7 +508,12 @@ def test_read_scope_sees_every_record_page(app, client, brand, read_key):
 
 
 def test_record_pages_need_a_session(client):
-    for path in ["/dashboard/conversions", "/dashboard/links", "/dashboard/events"]:
+    for path in [
+        "/dashboard/conversions",
+        "/dashboard/links",
+        "/dashboard/events",
+        "/dashboard/event-types",
+    ]:
         response = client.get(path)
         assert response.status_code == 303
         assert response.headers["Location"].startswith("/dashboard/sign-in?next=")

@@ -57,7 +57,7 @@ def test_every_page_has_the_search_box(client, brand, read_key):
     ("kind", "target"),
     [
         ("delivery", "/dashboard/deliveries/{delivery}"),
-        ("event", "/dashboard/deliveries?eventId={event}"),
+        ("event", "/dashboard/events/{event}"),
         ("conversion", "/dashboard/conversions/{conversion}"),
         ("endpoint", "/dashboard/endpoints/{endpoint}"),
     ],

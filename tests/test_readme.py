@@ -130,6 +130,7 @@ class Walkthrough:
         self.variables: dict[str, str] = {}
         self.jobs: list[subprocess.Popen] = []
         self.job_logs: list[Path] = []
+        self.job_commands: list[str] = []
         self.outputs: list[str] = []
         self.supervisor: subprocess.Popen | None = None
         self.supervisor_log = tmp_path / "make-run.log"
@@ -245,6 +246,7 @@ class Walkthrough:
             )
         self.jobs.append(job)
         self.job_logs.append(log)
+        self.job_commands.append(command)
         deadline = time.monotonic() + 20
         while "listening on" not in log.read_text() and time.monotonic() < deadline:
             assert job.poll() is None, log.read_text()
@@ -336,6 +338,11 @@ def test_every_command_of_the_readme_works_word_for_word(walkthrough):
 
     # The receiver got what was sent to it (checked when the README stops it).
     assert walkthrough.stopped == [1], "the README stops the receiver to show retrying deliveries"
+    # The relay forwarded the event emitted after it started, and the receiver answered 200.
+    [relay] = [n for n, c in enumerate(walkthrough.job_commands, 1) if "scripts/listen.py" in c]
+    assert re.search(r"deal\.completed +evt_\w+  -> 200 \(", walkthrough.job_output(relay)), (
+        walkthrough.job_output(relay)
+    )
 
     # A normal run logs no error: not while a receiver is down and its deliveries are retried
     # (the README's last step), nor anywhere before.

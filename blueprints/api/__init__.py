@@ -32,6 +32,13 @@ api.record_once(_add_id_converter)
 
 def register_routes() -> Blueprint:
     # Imported for their side effect of adding routes; kept here so the route table is one list.
-    from blueprints.api import conversions, keys, openapi, platform_data, webhooks  # noqa: F401
+    from blueprints.api import (  # noqa: F401
+        conversions,
+        events,
+        keys,
+        openapi,
+        platform_data,
+        webhooks,
+    )
 
     return api

@@ -51,6 +51,7 @@ PATH_PARAMETER_DESCRIPTIONS = {
     "holdId": "An escrow hold id (`esc_…`) from fetch-holds or an event.",
     "conversionId": "A conversion id (`conv_…`) from record-postback, fetch-postbacks or a "
     "`conversion.recorded` event.",
+    "eventId": "An event id (`evt_…`): `id` in a delivery's body, or from fetch-events.",
 }
 
 # JSON Schema keywords of OpenAPI 3.1 a field may state in its metadata (apispec's list of what
@@ -289,7 +290,9 @@ def _operation(declared, auth, rule: Rule) -> dict:
                 "headers": _headers(_KEYED if _keyed(auth) else ("X-Request-Id",)),
                 "content": {
                     "application/json": {
-                        "schema": envelope_for(schema, many=declared.many, paged=declared.paged)
+                        "schema": envelope_for(
+                            schema, many=declared.many, paged=declared.paged, meta=declared.meta
+                        )
                     }
                 },
             }

@@ -52,6 +52,8 @@ class Operation:
     many: bool = False
     # The view returns a `services.pagination.Page`; its paging goes to `meta`.
     paged: bool = False
+    # Another `meta` (a cursor's): this schema dumps it from what the view returns.
+    meta: type[Schema] | None = None
     status: int = 200
     message: str = "OK"
     # An operation with a second kind of success (a postback's replay): `other_status(result)`
@@ -72,6 +74,7 @@ def operation(**declaration):
     query_schema = spec.query() if spec.query else None
     headers_schema = spec.headers() if spec.headers else None
     response_schema = spec.response(many=spec.many) if spec.response else None
+    meta_schema = _page_meta if spec.paged else spec.meta() if spec.meta else None
 
     def decorator(view):
         @functools.wraps(view)
@@ -82,7 +85,7 @@ def operation(**declaration):
             # Dumped before the commit, which expires ORM objects: reading them afterwards
             # would cost a SELECT per object to reload what this request just wrote.
             data = response_schema.dump(result) if response_schema is not None else None
-            meta = _page_meta.dump(result) if spec.paged else None
+            meta = meta_schema.dump(result) if meta_schema is not None else None
             db.session.commit()
             status, message = spec.status, spec.message
             if spec.other_status is not None:

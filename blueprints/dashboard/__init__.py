@@ -18,6 +18,7 @@ def register_dashboard() -> Blueprint:
     from blueprints.dashboard import (  # noqa: F401
         deliveries,
         endpoints,
+        event_log,
         events,
         formatting,
         keys,

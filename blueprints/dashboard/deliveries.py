@@ -81,7 +81,8 @@ def _polls() -> int:
         return 0
 
 
-def _poll_context(polls: int) -> dict:
+def poll_context(polls: int) -> dict:
+    """What a pending row needs to ask for itself again (_delivery_row.html)."""
     return {"polls": polls + 1, "poll_delay": POLL_DELAY, "poll_more": polls + 1 < POLL_LIMIT}
 
 
@@ -115,7 +116,7 @@ def deliveries():
         oldest_delivery_at=reach.oldest_at and iso_timestamp(reach.oldest_at),
         deliveries=[],
         meta=None,
-        **_poll_context(0),
+        **poll_context(0),
     )
 
 
@@ -132,7 +133,7 @@ def delivery_row(delivery_id: str):
         "dashboard/_delivery_row.html",
         delivery=_delivery.dump(record),
         endpoints=endpoints,
-        **_poll_context(_polls()),
+        **poll_context(_polls()),
     )
 
 
@@ -150,7 +151,7 @@ def _detail_context(delivery_id: str, polls: int = 0, **extra) -> dict:
         "headers": _headers_sent(detail),
         "response_max_kib": RESPONSE_BODY_MAX_BYTES // 1024,
         "redelivered": None,
-        **_poll_context(polls),
+        **poll_context(polls),
     }
     return context | extra
 

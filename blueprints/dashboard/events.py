@@ -1,6 +1,7 @@
-"""Events: the catalogue of SPEC section 6 grouped by resource, each event with what it means, the
-body a receiver gets for it, the default subscription, and which of the brand's endpoints
-subscribe to it (CONTRACT 6.1).
+"""Event types: the catalogue of SPEC section 6 grouped by resource, each event with what it
+means, the body a receiver gets for it, the default subscription, and which of the brand's
+endpoints subscribe to it (CONTRACT 6.1). The events that happened are the Events page
+(blueprints/dashboard/event_log.py).
 
 The bodies are the catalogue's samples (`sample_data`, as the OpenAPI `webhooks` and `flask events
 emit` use them) in the envelope `publish_event` writes, with this brand's id.
@@ -37,9 +38,9 @@ def _sample_body(name: str, brand_id: str) -> str:
     return json.dumps(body, indent=2, ensure_ascii=False)
 
 
-@dashboard.get("/events")
+@dashboard.get("/event-types")
 @signed_in()
-def events():
+def event_types():
     brand_id = current_caller().brand_id
     endpoints = _endpoints.dump(list_endpoints(brand_id))
     groups: dict[str, list[dict]] = {}

@@ -1,9 +1,9 @@
 """Find a record by the id a developer has in hand (from a receiver's log, an API answer or a
 support ticket): a delivery, an event, a conversion or an endpoint of the session's brand.
 
-A known id of the brand goes straight to its page (an event to its deliveries); anything else
-stays on the search page (a 200, like any search that finds nothing) saying what was wrong,
-and never reveals another brand's records.
+A known id of the brand goes straight to its page (an event to its body and deliveries);
+anything else stays on the search page (a 200, like any search that finds nothing) saying what
+was wrong, and never reveals another brand's records.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from blueprints.dashboard import dashboard
 from blueprints.dashboard.rendering import render
 from blueprints.dashboard.session import current_caller, signed_in
 from services.conversions import get_conversion
-from services.deliveries import get_delivery, list_deliveries
+from services.deliveries import get_delivery
 from services.errors import NotFound
+from services.event_feed import get_event
 from services.webhook_endpoints import get_endpoint
 
 QUERY_MAX_LENGTH = 100
@@ -27,9 +28,8 @@ def _delivery(brand_id: str, found: str) -> str:
 
 
 def _event(brand_id: str, found: str) -> str:
-    if not list_deliveries(brand_id=brand_id, page=1, limit=1, event_id=found).items:
-        raise NotFound(f"No event with id {found!r} reached your endpoints")
-    return url_for("dashboard.deliveries", eventId=found)
+    get_event(brand_id, found)
+    return url_for("dashboard.event", event_id=found)
 
 
 def _conversion(brand_id: str, found: str) -> str:

@@ -1,0 +1,137 @@
+"""Events: the brand's events newest first (filter by type, find one by id), each with its
+deliveries; one event with its body and every delivery of it, and "resend to endpoint…".
+
+The same services as the events API (services/event_feed.py) and redeliver
+(services/deliveries.py). The catalogue of event names is the "Event types" page
+(blueprints/dashboard/events.py).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from flask import flash, redirect, request, url_for
+
+from blueprints.dashboard import dashboard
+from blueprints.dashboard.deliveries import poll_context
+from blueprints.dashboard.rendering import chosen_filters, load_query, render, render_list
+from blueprints.dashboard.session import current_caller, signed_in
+from extensions import db
+from models.columns import id_pattern
+from models.event_catalog import EVENT_NAMES
+from models.paging import MAX_LIMIT
+from models.webhook_delivery import DELIVERY_STATUSES
+from schemas.base import iso_timestamp
+from schemas.dashboard import EventLogQuerySchema
+from schemas.envelope import PageMetaSchema
+from schemas.webhooks import DeliverySchema, EndpointSchema
+from services.deliveries import list_deliveries, send_event_again
+from services.errors import NotFound, ValidationFailed
+from services.event_feed import get_event, list_events
+from services.retention import retention_period
+from services.webhook_endpoints import list_endpoints
+
+FILTERS = ("type",)
+FILTER_LABELS = {"type": "Type", "eventId": "Event id", "page": "Page", "limit": "Per page"}
+
+ENDPOINT_ID = re.compile(id_pattern("whe"))
+
+_query = EventLogQuerySchema()
+_meta = PageMetaSchema()
+_endpoints = EndpointSchema(many=True)
+_deliveries = DeliverySchema(many=True)
+
+
+@dashboard.get("/events")
+@signed_in()
+def event_log():
+    brand_id = current_caller().brand_id
+    missing = _find_by_id(brand_id)
+    if missing is None and request.args.get("eventId"):
+        return redirect(url_for("dashboard.event", event_id=request.args["eventId"]), code=303)
+
+    def fetch(query: dict) -> dict:
+        page = list_events(
+            brand_id=brand_id,
+            page=query["page"],
+            limit=query["limit"],
+            event_type=query.get("type"),
+        )
+        events = [
+            {
+                "id": event.id,
+                "type": event.type,
+                "createdAt": iso_timestamp(event.created_at),
+                "deliveries": event.deliveries,
+            }
+            for event in page.items
+        ]
+        return {"events": events, "meta": _meta.dump(page)}
+
+    return render_list(
+        "dashboard/event_log.html",
+        fragment="dashboard/_event_results.html",
+        query_schema=_query,
+        fetch=fetch,
+        chosen=chosen_filters(FILTERS),
+        event_names=EVENT_NAMES,
+        statuses=DELIVERY_STATUSES,
+        filter_labels=FILTER_LABELS,
+        retention_days=retention_period().days,
+        missing=missing,
+        events=[],
+        meta=None,
+    )
+
+
+def _find_by_id(brand_id: str) -> str | None:
+    """The `eventId` asked for when it is no event of the brand; None otherwise (none asked, a
+    malformed one, which the list reports, or one that exists)."""
+    try:
+        wanted = load_query(_query).get("event_id")
+    except ValidationFailed:
+        return None
+    if wanted is None:
+        return None
+    try:
+        get_event(brand_id, wanted)
+    except NotFound:
+        return wanted
+    return None
+
+
+@dashboard.get("/events/<id(evt):event_id>")
+@signed_in()
+def event(event_id: str):
+    brand_id = current_caller().brand_id
+    detail = get_event(brand_id, event_id)
+    endpoints = {e["id"]: e for e in _endpoints.dump(list_endpoints(brand_id))}
+    # Its deliveries as the delivery log shows them (retrying, next retry; pending rows refresh).
+    deliveries = list_deliveries(brand_id=brand_id, page=1, limit=MAX_LIMIT, event_id=event_id)
+    return render(
+        "dashboard/event.html",
+        event={"id": detail.id, "type": detail.type, "createdAt": iso_timestamp(detail.created_at)},
+        body=json.dumps(json.loads(detail.body), indent=2, ensure_ascii=False),
+        deliveries=_deliveries.dump(deliveries.items),
+        more_deliveries=deliveries.has_next,
+        endpoints=endpoints,
+        active_endpoints=[e for e in endpoints.values() if e["isActive"]],
+        **poll_context(0),
+    )
+
+
+@dashboard.post("/events/<id(evt):event_id>/resend")
+@signed_in(write=True)
+def resend_event(event_id: str):
+    """A delivery of the event to the endpoint chosen (a redelivery when it went there before).
+    A deleted or disabled endpoint is NotFound, as in the API, shown as the error."""
+    endpoint_id = request.form.get("endpointId", "")
+    if not ENDPOINT_ID.fullmatch(endpoint_id):
+        raise NotFound("Choose one of your active endpoints")
+    new_id = send_event_again(
+        brand_id=current_caller().brand_id, event_id=event_id, endpoint_id=endpoint_id
+    )
+    db.session.commit()
+    flash(f"Queued as delivery {new_id}: it is listed below and in Deliveries.", "success")
+    return redirect(url_for("dashboard.event", event_id=event_id), code=303)

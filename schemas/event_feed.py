@@ -1,0 +1,149 @@
+"""The events API's requests and responses (CONTRACT 11.1): a brand's events as a feed after a
+cursor, and one event with its deliveries."""
+
+from __future__ import annotations
+
+import re
+
+from marshmallow import ValidationError, fields, validate
+
+from models.event_catalog import EVENT_NAMES, sample_data
+from models.webhook_delivery import DELIVERY_STATUSES
+from schemas.base import ApiSchema, ResourceId, Timestamp
+from schemas.webhooks import DELIVERY_ID_EXAMPLE, ENDPOINT_ID_EXAMPLE
+
+EVENT_ID_EXAMPLE = "evt_01jd3kw3x5y7z9a1b3c5d7e9f1"
+FEED_DEFAULT_LIMIT = 50
+FEED_MAX_LIMIT = 100
+MAX_WAIT_SECONDS = 30
+_ONE_NAME = "(?:" + "|".join(re.escape(name) for name in EVENT_NAMES) + ")"
+
+
+class EventTypes(fields.String):
+    """`types`: event names separated by commas, loaded as a list. A name that is not an event
+    is refused by name, so a typo is an error rather than a filter that never matches. The
+    document states the rule as the field's `pattern`."""
+
+    def __init__(self, **options) -> None:
+        metadata = {
+            "description": "Only events of these types: event names separated by commas, "
+            "without spaces (`conversion.recorded,deal.completed`). A name that is not an "
+            "event is a VALIDATION_ERROR naming it. Default: every type.",
+            "pattern": f"^{_ONE_NAME}(?:,{_ONE_NAME})*$",
+            "example": "conversion.recorded,deal.completed",
+        }
+        super().__init__(metadata=metadata, **options)
+
+    # Loads a list where marshmallow types a String as loading a str.
+    def _deserialize(self, value, attr, data, **kwargs) -> list[str]:  # type: ignore[override]
+        names = super()._deserialize(value, attr, data, **kwargs).split(",")
+        unknown = [name for name in names if name not in EVENT_NAMES]
+        if "" in names:
+            raise ValidationError("Give event names separated by single commas.")
+        if unknown:
+            raise ValidationError(
+                f"Not event names: {', '.join(unknown)}. See the event catalogue for the names."
+            )
+        return list(dict.fromkeys(names))
+
+
+class EventFeedQuerySchema(ApiSchema):
+    after = ResourceId(
+        "evt",
+        "event",
+        metadata={
+            "description": "List the events published after this one (`meta.nextAfter` of the "
+            "previous answer, or any event id of the brand). Left out: from the oldest event "
+            "kept. An id of an event that retention has deleted (older than "
+            "`WEBHOOK_RETENTION_DAYS`) starts at the oldest kept one, with "
+            "`meta.cursorExpired: true`; any other id that is not an event of this brand is "
+            "NOT_FOUND.",
+            "example": EVENT_ID_EXAMPLE,
+        },
+    )
+    limit = fields.Integer(
+        load_default=FEED_DEFAULT_LIMIT,
+        validate=validate.Range(min=1, max=FEED_MAX_LIMIT),
+        metadata={
+            "description": f"At most this many events, 1-{FEED_MAX_LIMIT}; default "
+            f"{FEED_DEFAULT_LIMIT}."
+        },
+    )
+    types = EventTypes()
+    wait = fields.Integer(
+        load_default=0,
+        validate=validate.Range(min=0, max=MAX_WAIT_SECONDS),
+        metadata={
+            "description": f"Seconds (0-{MAX_WAIT_SECONDS}) to hold the request open when "
+            "no event comes after `after`: the answer comes as soon as one is published, or "
+            "after that long with an empty list. Default 0: answer at once.",
+            "example": 25,
+        },
+    )
+
+
+class FeedEventSchema(ApiSchema):
+    id = fields.String(
+        metadata={
+            "description": "The event id: `id` in every delivery's body, and the cursor to "
+            "resume after it.",
+            "example": EVENT_ID_EXAMPLE,
+        }
+    )
+    type = fields.String(
+        validate=validate.OneOf(EVENT_NAMES), metadata={"example": "deal.completed"}
+    )
+    created_at = Timestamp(
+        metadata={"description": "When the event happened; `createdAt` of its deliveries."}
+    )
+    data = fields.Dict(
+        metadata={
+            "description": "Exactly the `data` its webhook deliveries carry: the record the "
+            "event is about (each type's shape is in the event catalogue and the webhook "
+            "callbacks of this document).",
+            "example": sample_data("deal.completed"),
+        }
+    )
+
+
+class EventListSchema(ApiSchema):
+    events = fields.List(
+        fields.Nested(FeedEventSchema),
+        metadata={"description": "In the order they were published, oldest first."},
+    )
+
+
+class EventFeedMetaSchema(ApiSchema):
+    next_after = fields.String(
+        allow_none=True,
+        metadata={
+            "description": "Pass it as `after` next: the last event's id, or `after` itself "
+            "when none came (null when neither). Following it sees every event of the brand "
+            "once, in publish order.",
+            "example": EVENT_ID_EXAMPLE,
+        },
+    )
+    cursor_expired = fields.Boolean(
+        metadata={
+            "description": "True when `after` was older than what is kept: the list starts "
+            "at the oldest event kept, and events between the two were deleted unseen.",
+            "example": False,
+        }
+    )
+
+
+class EventDeliverySchema(ApiSchema):
+    id = fields.String(metadata={"example": DELIVERY_ID_EXAMPLE})
+    endpoint_id = fields.String(metadata={"example": ENDPOINT_ID_EXAMPLE})
+    status = fields.String(validate=validate.OneOf(DELIVERY_STATUSES))
+    attempt_count = fields.Integer(metadata={"example": 1})
+
+
+class EventDetailSchema(FeedEventSchema):
+    deliveries = fields.List(
+        fields.Nested(EventDeliverySchema),
+        metadata={
+            "description": "Every delivery of the event, redeliveries included, oldest first; "
+            "empty when no endpoint was subscribed."
+        },
+    )

@@ -1,0 +1,367 @@
+"""Reading a brand's events as a feed (CONTRACT 11.1): in publish order after a cursor, every
+event exactly once, and waiting for the next one without holding anything while it waits.
+
+Publish order, and why a cursor never skips an event
+----------------------------------------------------
+Events are inserted by many processes at once, and a transaction that inserted an event early
+may commit after one that inserted later. An order by insertion (an id, a sequence, a time)
+would let a follower pass a row that is not committed yet: when it commits, it lands behind the
+cursor and is never seen.
+
+So each event row records the publishing transaction's id (`xact_id`, PostgreSQL's 64-bit
+`pg_current_xact_id()`) and its place among that transaction's events (`position`, a
+sequence), both filled by column defaults (models/webhook_event.py), and the feed is ordered by
+(xact_id, position). A read lists only rows whose transaction is older than its snapshot's
+`xmin` (`pg_snapshot_xmin(pg_current_snapshot())`): every transaction below `xmin` has ended,
+so those rows are final, and every transaction that could still add a row (running, or yet to
+take an id) has an id at or above `xmin`, which is above every row listed. Nothing can ever
+appear before a cursor the feed handed out: a follower passing `nextAfter` sees each event once,
+in one order that every follower shares.
+
+"Publish order" is therefore the order in which publishing transactions took their ids (for
+events of one transaction, the order they were written). Two transactions committing at the
+same moment are ordered by that, which every reader agrees on; a process publishing one event
+after another's commit always lists after it.
+
+What it costs: an event is listed only once every transaction that took an id before its own
+has ended. Transactions here last milliseconds, but one left open anywhere on the database
+server (any database of the cluster: ids are shared) holds back every event published after it
+began, until it ends: a postback hung in its transaction for up to
+`POSTBACK_IN_FLIGHT_WINDOW` (120 s), a migration, a session left idle in a transaction. A
+waiting reader sees such held-back events and reads again shortly (`HELD_BACK_PAUSES`) instead
+of waiting for a wake-up that their own commit already sent.
+
+Waiting
+-------
+`fetch_events(..., wait=N)` with nothing to list registers a waiter for the brand
+(services/event_waits.py), returns its database connection to the pool, and sleeps until this
+process's wake-up listener (services/wakeups.py: PostgreSQL LISTEN/NOTIFY) says the brand
+published, then reads again. It holds no connection while it sleeps, and reads the database
+only when woken (and, rarely, while committed events are held back, above).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy import bindparam, func, select, text
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.types import String
+
+from extensions import db
+from models import WebhookDelivery, WebhookEvent
+from models.columns import id_time, utcnow
+from models.event_catalog import EVENT_NAMES
+from schemas.event_feed import FEED_DEFAULT_LIMIT
+from services import work_slots
+from services.errors import NotFound
+from services.event_waits import wait_for_brand
+from services.pagination import Page, paginate
+from services.retention import retention_period
+
+# How soon a waiting reader reads again while committed events wait for an older transaction
+# to end (see the module's doc): quickly at first, then once a second.
+HELD_BACK_PAUSES = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+# Before every (xact_id, position) of a real event: the start of the feed.
+_START = (-1, -1)
+
+
+@dataclass(frozen=True)
+class FeedEvent:
+    """An event as the feed lists it: the fields of the body its deliveries send."""
+
+    id: str
+    type: str
+    created_at: datetime
+    data: dict
+
+
+@dataclass(frozen=True)
+class EventPage:
+    events: list[FeedEvent]
+    # The cursor to pass next: the last event's id, or `after` itself when none came.
+    next_after: str | None
+    # `after` was older than what is kept: the page starts at the oldest kept event.
+    cursor_expired: bool = False
+    # Committed events of the brand after the page wait for an older transaction to end.
+    held_back: bool = False
+
+
+@dataclass(frozen=True)
+class _Cursor:
+    after: str | None
+    position: tuple[int, int]
+    expired: bool
+
+
+def fetch_events(
+    *,
+    brand_id: str,
+    after: str | None = None,
+    limit: int = FEED_DEFAULT_LIMIT,
+    types: Sequence[str] | None = None,
+    wait: float = 0,
+    now: datetime | None = None,
+) -> EventPage:
+    """The brand's events after `after` (an event id; None: from the oldest kept), oldest
+    first, at most `limit`, of the `types` named (None: every type). With `wait` > 0 and
+    nothing to list, waits up to `wait` seconds for an event and answers as soon as one can be
+    listed (see the module's doc).
+
+    :raise NotFound: `after` is not an event of the brand (and not one retention deleted).
+    """
+    kept_since = (now or utcnow()) - retention_period()
+    cursor = _cursor(brand_id, after, kept_since)
+    names = list(types) if types else list(EVENT_NAMES)
+    if wait <= 0:
+        return _read(brand_id, cursor, names, limit, kept_since)
+    deadline = time.monotonic() + wait
+    held_back_reads = 0
+    with wait_for_brand(brand_id) as woken:
+        while True:
+            # Cleared before reading: a wake-up from now on makes the wait below return at once.
+            woken.clear()
+            page = _read(brand_id, cursor, names, limit, kept_since)
+            remaining = deadline - time.monotonic()
+            if page.events or remaining <= 0 or woken.stopping:
+                return page
+            # Nothing held while asleep: the request's transaction ends and its connection
+            # goes back to the pool (the next read takes one again).
+            db.session.commit()
+            pause = remaining
+            if page.held_back:
+                last = len(HELD_BACK_PAUSES) - 1
+                pause = min(pause, HELD_BACK_PAUSES[min(held_back_reads, last)])
+                held_back_reads += 1
+            with work_slots.set_aside():
+                woken.wait(pause)
+
+
+def _cursor(brand_id: str, after: str | None, kept_since: datetime) -> _Cursor:
+    """Where the feed resumes after `after`. An event retention deleted (its id tells when it
+    was made), or one older than the retention, restarts the feed at the oldest kept event.
+
+    :raise NotFound: `after` is no event of the brand, and not an expired one."""
+    if after is None:
+        return _Cursor(after=None, position=_START, expired=False)
+    row = db.session.execute(
+        select(WebhookEvent.xact_id, WebhookEvent.position, WebhookEvent.created_at).where(
+            WebhookEvent.id == after, WebhookEvent.brand_id == brand_id
+        )
+    ).first()
+    if row is not None and row.created_at >= kept_since:
+        return _Cursor(after=after, position=(row.xact_id, row.position), expired=False)
+    made_at = id_time(after)
+    if row is not None or (made_at is not None and made_at < kept_since):
+        return _Cursor(after=after, position=_START, expired=True)
+    raise NotFound(f"No event with id {after!r} in this brand")
+
+
+def _read(
+    brand_id: str, cursor: _Cursor, names: list[str], limit: int, kept_since: datetime
+) -> EventPage:
+    rows = db.session.execute(
+        _FEED,
+        {
+            "brand_id": brand_id,
+            "names": names,
+            "after_xact_id": cursor.position[0],
+            "after_position": cursor.position[1],
+            "kept_since": kept_since,
+            "limit": limit,
+        },
+    ).all()
+    # Rows come in feed order; those of a transaction not yet below the horizon end the page.
+    events = []
+    for row in rows:
+        if not row.settled:
+            break
+        body = json.loads(row.body)
+        events.append(
+            FeedEvent(id=row.id, type=row.name, created_at=row.created_at, data=body["data"])
+        )
+    return EventPage(
+        events=events,
+        next_after=events[-1].id if events else cursor.after,
+        cursor_expired=cursor.expired,
+        held_back=len(events) < len(rows),
+    )
+
+
+# The brand's events of the names asked for, after the cursor, in feed order: for each name an
+# index range of ix_webhook_events_feed (brand, name, xact_id, position), merged. `settled`: the
+# row's transaction is below this statement's snapshot xmin (see the module's doc); the
+# snapshot that reads the rows is the one that says so, since both are one statement.
+_FEED = text(
+    """
+    WITH horizon AS MATERIALIZED (
+        SELECT CAST(CAST(pg_snapshot_xmin(pg_current_snapshot()) AS TEXT) AS BIGINT) AS xmin
+    ),
+    candidates AS (
+        SELECT page.id, page.xact_id, page.position
+        FROM unnest(:names) AS wanted(name)
+        CROSS JOIN LATERAL (
+            SELECT event.id, event.xact_id, event.position
+            FROM webhook_events AS event
+            WHERE event.brand_id = :brand_id
+              AND event.name = wanted.name
+              AND (event.xact_id, event.position) > (:after_xact_id, :after_position)
+              AND event.created_at >= :kept_since
+            ORDER BY event.xact_id, event.position
+            LIMIT :limit
+        ) AS page
+        ORDER BY page.xact_id, page.position
+        LIMIT :limit
+    )
+    SELECT event.id, event.name, event.created_at, event.body,
+           candidates.xact_id < horizon.xmin AS settled
+    FROM candidates
+    JOIN webhook_events AS event ON event.id = candidates.id
+    CROSS JOIN horizon
+    ORDER BY candidates.xact_id, candidates.position
+    """
+).bindparams(
+    bindparam("names", type_=ARRAY(String)),
+    bindparam("kept_since", type_=WebhookEvent.__table__.c.created_at.type),
+)
+
+
+# ---- one event, and the brand's events newest first (the dashboard) ----
+
+
+@dataclass(frozen=True)
+class EventDelivery:
+    id: str
+    endpoint_id: str
+    status: str
+    attempt_count: int
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class EventDetail:
+    id: str
+    type: str
+    created_at: datetime
+    data: dict
+    body: str
+    deliveries: list[EventDelivery] = field(default_factory=list)
+
+
+def get_event(brand_id: str, event_id: str) -> EventDetail:
+    """One stored event of the brand, with each of its deliveries (redeliveries included),
+    oldest first.
+
+    :raise NotFound: no such event in this brand (another brand's included)."""
+    event = db.session.scalar(
+        select(WebhookEvent).where(WebhookEvent.id == event_id, WebhookEvent.brand_id == brand_id)
+    )
+    if event is None:
+        raise NotFound(f"No event with id {event_id!r} in this brand")
+    deliveries = db.session.execute(
+        select(
+            WebhookDelivery.id,
+            WebhookDelivery.endpoint_id,
+            WebhookDelivery.status,
+            WebhookDelivery.attempt_count,
+            WebhookDelivery.created_at,
+        )
+        .where(WebhookDelivery.event_id == event.id)
+        .order_by(WebhookDelivery.created_at, WebhookDelivery.id)
+    ).all()
+    return EventDetail(
+        id=event.id,
+        type=event.name,
+        created_at=event.created_at,
+        data=json.loads(event.body)["data"],
+        body=event.body,
+        deliveries=[EventDelivery(**row._mapping) for row in deliveries],
+    )
+
+
+@dataclass(frozen=True)
+class ListedEvent:
+    id: str
+    type: str
+    created_at: datetime
+    # Its deliveries by status (`pending`, `delivered`, `failed`), redeliveries included.
+    deliveries: dict[str, int]
+
+
+def list_events(
+    *,
+    brand_id: str,
+    page: int,
+    limit: int,
+    event_type: str | None = None,
+    now: datetime | None = None,
+) -> Page:
+    """The brand's kept events newest first (the feed's order, reversed), of one type or all,
+    each with its deliveries counted by status."""
+    kept_since = (now or utcnow()) - retention_period()
+    names = [event_type] if event_type else list(EVENT_NAMES)
+    parameters = {"brand_id": brand_id, "names": names, "kept_since": kept_since}
+
+    def page_statement(offset: int, size: int):
+        # The rows without their bodies: a page shows ids, types and times only.
+        return select(WebhookEvent).from_statement(
+            _NEWEST_FIRST.bindparams(offset=offset, limit=size, **parameters)
+        )
+
+    counted = select(WebhookEvent.id).where(
+        WebhookEvent.brand_id == brand_id,
+        WebhookEvent.name.in_(names),
+        WebhookEvent.created_at >= kept_since,
+    )
+    listed = paginate(page_statement, page=page, limit=limit, count=counted)
+    ids = [event.id for event in listed.items]
+    counts: dict[str, dict[str, int]] = {event_id: {} for event_id in ids}
+    if ids:
+        for event_id, status, count in db.session.execute(
+            select(WebhookDelivery.event_id, WebhookDelivery.status, func.count())
+            .where(WebhookDelivery.event_id.in_(ids))
+            .group_by(WebhookDelivery.event_id, WebhookDelivery.status)
+        ):
+            counts[event_id][status] = count
+    items = [
+        ListedEvent(
+            id=event.id, type=event.name, created_at=event.created_at, deliveries=counts[event.id]
+        )
+        for event in listed.items
+    ]
+    return Page(
+        items=items,
+        page=listed.page,
+        limit=listed.limit,
+        total=listed.total,
+        total_exact=listed.total_exact,
+    )
+
+
+# The feed's order reversed, a page at a time: each name's newest `offset + limit` rows (one
+# index range each), merged.
+_NEWEST_FIRST = text(
+    """
+    SELECT page.id, page.brand_id, page.name, page.created_at, page.xact_id, page.position
+    FROM unnest(:names) AS wanted(name)
+    CROSS JOIN LATERAL (
+        SELECT event.id, event.brand_id, event.name, event.created_at, event.xact_id,
+               event.position
+        FROM webhook_events AS event
+        WHERE event.brand_id = :brand_id
+          AND event.name = wanted.name
+          AND event.created_at >= :kept_since
+        ORDER BY event.xact_id DESC, event.position DESC
+        LIMIT :offset + :limit
+    ) AS page
+    ORDER BY page.xact_id DESC, page.position DESC
+    OFFSET :offset LIMIT :limit
+    """
+).bindparams(
+    bindparam("names", type_=ARRAY(String)),
+    bindparam("kept_since", type_=WebhookEvent.__table__.c.created_at.type),
+)

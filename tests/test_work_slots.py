@@ -1,0 +1,59 @@
+"""Work slots (services/work_slots.py): a gunicorn worker holds many requests open but runs only
+a few doing work at once, so that a burst never takes the whole database pool and long-polls
+waiting never keep other requests out."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import requests
+
+from services.work_slots import WorkSlots
+from tests.server_process import ServerProcess
+
+
+def test_a_burst_of_first_requests_from_new_keys_is_answered_not_deadlocked(
+    app_environ, brand, make_key
+):
+    """Each key's first request stamps its `lastUsedAt` on a second connection while its
+    session holds the first: 60 at once on a pool of 20, unbounded, waited out the pool's 30 s
+    timeout and failed."""
+    keys = [make_key(brand, scopes=("read",), name=f"burst {n}") for n in range(60)]
+    server = ServerProcess(app_environ, workers=1, threads=None, worker_class=None)
+    try:
+        url = f"{server.url}/api/v1/brand/{brand}/workspace"
+
+        def call(key: str) -> int:
+            return requests.get(url, headers={"X-Api-Key": key}, timeout=60).status_code
+
+        started = time.monotonic()
+        with ThreadPoolExecutor(60) as pool:
+            statuses = list(pool.map(call, keys))
+        assert statuses == [200] * 60
+        assert time.monotonic() - started < 20
+    finally:
+        server.stop()
+
+
+def test_a_request_setting_its_slot_aside_lets_another_take_it():
+    slots = WorkSlots(1)
+    slots.take()
+    other_ran = threading.Event()
+
+    def other() -> None:
+        slots.take()
+        other_ran.set()
+        slots.give_back()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    assert not other_ran.wait(0.2)  # the one slot is held
+    with slots.set_aside():
+        assert other_ran.wait(5)
+    thread.join(5)
+    slots.give_back()
+    slots.give_back()  # giving back twice frees one slot once
+    slots.take()
+    assert not slots._free.acquire(blocking=False)
