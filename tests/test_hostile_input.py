@@ -109,11 +109,15 @@ def world(server, brand, make_key, make_bootstrap_token, write_key):
         json={"url": "https://hooks.brand-example.invalid/x", "events": ["webhook.test"]},
     ).json()["data"]
     delivery = api.post(f"{base}/webhook/{endpoint['id']}/send-test").json()["data"]
+    event_id = api.get(f"{base}/webhook/deliveries/{delivery['deliveryId']}").json()["data"][
+        "eventId"
+    ]
     victim_key = api.post(f"{base}/api-key/rotate-key", json={"name": "victim"}).json()["data"]
     return {
         "brand_id": brand,
         "endpoint_id": endpoint["id"],
         "delivery_id": delivery["deliveryId"],
+        "event_id": event_id,
         "key_id": victim_key["id"],
         "write_key": write_key,
         "bootstrap_token": make_bootstrap_token(brand),
