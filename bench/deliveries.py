@@ -365,7 +365,7 @@ def run(args, workdir: Path, processes: Processes) -> dict:
     from services.webhook_endpoints import current_url_policy, register_endpoint
     from tests.backends import open_backends
 
-    backends = open_backends(workdir)
+    backends = open_backends()
     try:
         if backends.redis_kind != "server":
             raise RuntimeError("this benchmark needs a Redis server")

@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -66,7 +65,7 @@ def main() -> None:
 def measure(arguments, workdir: Path, processes: Processes) -> dict:
     from tests.backends import open_backends
 
-    backends = open_backends(Path(tempfile.mkdtemp(prefix="long-poll-backends-")))
+    backends = open_backends()
     try:
         return _measure(arguments, workdir, processes, backends)
     finally:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -55,7 +54,7 @@ def timed_us(call, calls: int, threads: int) -> float:
 def main() -> None:
     from tests.backends import open_backends
 
-    backends = open_backends(Path(tempfile.mkdtemp(prefix="bench-rate-limiter-")))
+    backends = open_backends()
     try:
         limiter = RateLimiter(backends.redis_url, {API: "999999999/minute"})
         client = redis.Redis.from_url(backends.redis_url)

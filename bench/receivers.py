@@ -359,7 +359,7 @@ class Bench:
         from app import create_app
         from tests.backends import open_backends
 
-        backends = open_backends(self.workdir)
+        backends = open_backends()
         try:
             env = {
                 "APP_ENV": "test",
