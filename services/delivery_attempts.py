@@ -63,6 +63,12 @@ def _sql(statement: str) -> TextClause:
     return text(statement.replace("{now}", _NOW).replace("{e_is_open}", endpoint_is_open_sql("e")))
 
 
+def _psycopg_sql(statement: str) -> str:
+    """`_sql`, for psycopg directly: the claim runs every round, and SQLAlchemy's work around
+    an execution was a third of such a statement's time."""
+    return psycopg_sql(_sql(statement))
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """CONTRACT section 1: WEBHOOK_RETRY_SCHEDULE, WEBHOOK_DISABLE_FAILURES/_WINDOW, and the
@@ -170,6 +176,7 @@ def claim_attempts(
     endpoint_limit: int,
     token: str,
     now: datetime | None = None,
+    next_due: bool = True,
 ) -> Claimed:
     """Lease up to `slots` due deliveries for attempts that start now: each endpoint's oldest
     due first, at most its room (its slot limit less its live leases), and the endpoints in
@@ -181,7 +188,8 @@ def claim_attempts(
     rows (SKIP LOCKED: one another worker is claiming or recording is left for the next round);
     the second, with a snapshot taken once those locks are held, counts each endpoint's leases
     and takes its deliveries. A change of an endpoint (rotation, URL, disable) waits for that
-    lock, so every attempt leased after it commits reads it. The caller commits."""
+    lock, so every attempt leased after it commits reads it. With `next_due`, and nothing
+    claimed, also when the next retry falls due. The caller commits."""
     claimed: list[Attempt] = []
     if slots > 0:
         params = {
@@ -193,29 +201,41 @@ def claim_attempts(
             "lease_seconds": LEASE.total_seconds(),
             "token": token,
         }
-        candidates = db.session.execute(_LOCK_ENDPOINTS_WITH_DUE_WORK, params).all()
-        closed = [row.id for row in candidates if not row.open]
+        connection = db.session.connection()
+        candidates = fetch_all_on_psycopg(connection, _LOCK_ENDPOINTS_WITH_DUE_WORK, params)
+        closed = [endpoint_id for endpoint_id, is_open in candidates if not is_open]
         if closed:
             _fail_strays(closed, now)
-        open_ids = [row.id for row in candidates if row.open]
+        open_ids = [endpoint_id for endpoint_id, is_open in candidates if is_open]
         if open_ids:
             # In the order the first statement gave: the endpoints' turns.
-            rows = db.session.execute(_LEASE_DUE, {**params, "endpoint_ids": open_ids}).all()
+            rows = fetch_all_on_psycopg(
+                connection, _LEASE_DUE, {**params, "endpoint_ids": open_ids}
+            )
             claimed = [
                 Attempt(
-                    delivery_id=row.id,
-                    endpoint_id=row.endpoint_id,
-                    event_name=row.event_name,
-                    attempt_number=row.attempt_count + 1,
-                    body=row.body.encode(),
-                    url=row.url,
-                    secret_ciphertext=row.secret_ciphertext,
-                    previous_secret_ciphertext=row.previous_secret_ciphertext,
+                    delivery_id=delivery_id,
+                    endpoint_id=endpoint_id,
+                    event_name=event_name,
+                    attempt_number=attempt_count + 1,
+                    body=body.encode(),
+                    url=url,
+                    secret_ciphertext=secret_ciphertext,
+                    previous_secret_ciphertext=previous_secret_ciphertext,
                     token=token,
                 )
-                for row in rows
+                for (
+                    delivery_id,
+                    endpoint_id,
+                    event_name,
+                    attempt_count,
+                    url,
+                    secret_ciphertext,
+                    previous_secret_ciphertext,
+                    body,
+                ) in rows
             ]
-    next_due_at = db.session.scalar(_NEXT_DUE, {"now": now})
+    next_due_at = db.session.scalar(_NEXT_DUE, {"now": now}) if next_due and not claimed else None
     return Claimed(attempts=claimed, next_due_at=next_due_at)
 
 
@@ -223,7 +243,7 @@ def claim_attempts(
 # million rows of one endpoint costs one probe, not a million rows), kept if one of their
 # pending deliveries is due and unleased, they have room and no probe pause holds them, in
 # their turn (see claim_attempts); closed endpoints with such strays too, to fail them.
-_LOCK_ENDPOINTS_WITH_DUE_WORK = _sql(
+_LOCK_ENDPOINTS_WITH_DUE_WORK = _psycopg_sql(
     """
     WITH RECURSIVE pending_endpoint(endpoint_id) AS (
         (SELECT endpoint_id FROM webhook_deliveries WHERE status = 'pending'
@@ -267,7 +287,7 @@ _LOCK_ENDPOINTS_WITH_DUE_WORK = _sql(
 # of every endpoint before the second of any, up to the slots asked for. The picked rows are a
 # materialised CTE: as a subquery of the UPDATE, PostgreSQL may re-run the pick per row and
 # ignore its limit.
-_LEASE_DUE = _sql(
+_LEASE_DUE = _psycopg_sql(
     """
     WITH endpoint AS (
         SELECT e.id, e.url, e.secret_ciphertext,
@@ -399,26 +419,21 @@ def record_attempts(
     counts the failures after its last success in the round; a success resets it."""
     if not results:
         return []
-    endpoint_ids = sorted({attempt.endpoint_id for attempt, _ in results})
-    locked = set(db.session.scalars(_LOCK_ENDPOINTS, {"endpoint_ids": endpoint_ids}))
     recorded: list[Recorded | None] = [None] * len(results)
-    last_success = {
-        attempt.endpoint_id: index
-        for index, (attempt, outcome) in enumerate(results)
-        if outcome.succeeded and attempt.endpoint_id in locked
-    }
-    successes = [
-        (index, attempt, outcome)
-        for index, (attempt, outcome) in enumerate(results)
-        if outcome.succeeded and attempt.endpoint_id in locked
-    ]
-    if successes:
-        settled = _settle_delivered([(attempt, outcome) for _, attempt, outcome in successes])
-        for index, attempt, _ in successes:
-            kept = attempt.delivery_id in settled
-            recorded[index] = Recorded(status=DELIVERED, kept=kept)
-        for endpoint_id in {a.endpoint_id for _, a, _ in successes if a.delivery_id in settled}:
-            count_success(endpoint_id)
+    successes = [(i, a, o) for i, (a, o) in enumerate(results) if o.succeeded]
+    locked, failing, settled = _settle_delivered(
+        sorted({attempt.endpoint_id for attempt, _ in results}),
+        [(attempt, outcome) for _, attempt, outcome in successes],
+    )
+    last_success: dict[str, int] = {}
+    for index, attempt, _ in successes:
+        if attempt.endpoint_id in locked:
+            recorded[index] = Recorded(status=DELIVERED, kept=attempt.delivery_id in settled)
+            last_success[attempt.endpoint_id] = index
+    for endpoint_id in failing & {
+        a.endpoint_id for _, a, _ in successes if a.delivery_id in settled
+    }:
+        count_success(endpoint_id)
     for index, (attempt, outcome) in enumerate(results):
         if outcome.succeeded or attempt.endpoint_id not in locked:
             continue
@@ -427,21 +442,18 @@ def record_attempts(
     return recorded
 
 
-_LOCK_ENDPOINTS = text(
-    """
-    SELECT id FROM webhook_endpoints WHERE id = ANY(CAST(:endpoint_ids AS varchar[]))
-    ORDER BY id FOR NO KEY UPDATE SKIP LOCKED
-    """
-)
-
-
-def _settle_delivered(results: Sequence[tuple[Attempt, AttemptOutcome]]) -> set[str]:
-    """Successful attempts, a batch in one statement; the ids written (still under their
-    token). A delivery a disable failed meanwhile becomes `delivered` too: it was."""
-    settled = fetch_all_on_psycopg(
+def _settle_delivered(
+    endpoint_ids: list[str], results: Sequence[tuple[Attempt, AttemptOutcome]]
+) -> tuple[set[str], set[str], set[str]]:
+    """Lock the round's endpoints (those another transaction holds are skipped) and settle the
+    successful attempts of the locked ones, in one statement: the usual round is one round
+    trip. (locked endpoints, those of them in a run of failures, deliveries settled: still
+    under their token). A delivery a disable failed meanwhile becomes `delivered` too: it was."""
+    rows = fetch_all_on_psycopg(
         db.session.connection(),
         _SETTLE_DELIVERED_ON_PSYCOPG,
         {
+            "all_endpoint_ids": endpoint_ids,
             "delivery_ids": [attempt.delivery_id for attempt, _ in results],
             "tokens": [attempt.token for attempt, _ in results],
             "endpoint_ids": [attempt.endpoint_id for attempt, _ in results],
@@ -453,12 +465,21 @@ def _settle_delivered(results: Sequence[tuple[Attempt, AttemptOutcome]]) -> set[
             "request_headers": [json.dumps(outcome.request_headers) for _, outcome in results],
         },
     )
-    return {delivery_id for (delivery_id,) in settled}
+    locked = {row_id for kind, row_id in rows if kind in ("locked", "failing")}
+    failing = {row_id for kind, row_id in rows if kind == "failing"}
+    settled = {row_id for kind, row_id in rows if kind == "settled"}
+    return locked, failing, settled
 
 
+# Rows are locked endpoint first, then delivery (see record_attempts).
 _SETTLE_DELIVERED = text(
     """
-    WITH outcome AS (
+    WITH locked AS MATERIALIZED (
+        SELECT id, consecutive_failures <> 0 OR next_probe_at IS NOT NULL AS failing
+        FROM webhook_endpoints WHERE id = ANY(CAST(:all_endpoint_ids AS varchar[]))
+        ORDER BY id FOR NO KEY UPDATE SKIP LOCKED
+    ),
+    outcome AS (
         SELECT * FROM unnest(
             CAST(:delivery_ids AS varchar[]), CAST(:tokens AS varchar[]),
             CAST(:endpoint_ids AS varchar[]), CAST(:attempt_numbers AS integer[]),
@@ -473,18 +494,22 @@ _SETTLE_DELIVERED = text(
         SET status = 'delivered', delivered_at = statement_timestamp(), next_attempt_at = NULL,
             last_error = NULL, attempt_count = o.attempt_number, http_status = o.http_status,
             leased_until = NULL, lease_token = NULL
-        FROM outcome AS o
+        FROM outcome AS o JOIN locked ON locked.id = o.endpoint_id
         WHERE d.id = o.delivery_id AND d.lease_token = o.token
         RETURNING d.id
+    ),
+    logged AS (
+        INSERT INTO webhook_attempts (
+            delivery_id, endpoint_id, attempt_number, requested_at, duration_ms, http_status,
+            error, response_body, request_headers
+        )
+        SELECT o.delivery_id, o.endpoint_id, o.attempt_number, o.requested_at, o.duration_ms,
+               o.http_status, NULL, o.response_body, CAST(o.request_headers AS json)
+        FROM outcome AS o JOIN settled ON settled.id = o.delivery_id
     )
-    INSERT INTO webhook_attempts (
-        delivery_id, endpoint_id, attempt_number, requested_at, duration_ms, http_status, error,
-        response_body, request_headers
-    )
-    SELECT o.delivery_id, o.endpoint_id, o.attempt_number, o.requested_at, o.duration_ms,
-           o.http_status, NULL, o.response_body, CAST(o.request_headers AS json)
-    FROM outcome AS o JOIN settled ON settled.id = o.delivery_id
-    RETURNING delivery_id
+    SELECT CASE WHEN failing THEN 'failing' ELSE 'locked' END, id FROM locked
+    UNION ALL
+    SELECT 'settled', id FROM settled
     """
 )
 # Run on psycopg directly: SQLAlchemy's work around an execution was about a third of the

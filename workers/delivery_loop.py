@@ -62,6 +62,8 @@ log = logging.getLogger("brand_api.webhooks")
 EXTEND_EVERY_SECONDS = 1.0
 # After a round the database refused (an outage), the next waits this long.
 DATABASE_RETRY_SECONDS = 1.0
+# After an attempt ends, the next round waits up to this long for the others started with it.
+GATHER_SECONDS = 0.002
 # Results deferred because their endpoint's row was held (a change, another worker's claim) are
 # tried again this soon: such locks last milliseconds.
 DEFERRED_RETRY_SECONDS = 0.05
@@ -93,6 +95,7 @@ class DeliveryLoop:
         self._decrypt = functools.lru_cache(maxsize=4096)(app.extensions["secret_box"].decrypt)
         self._running: dict[str, Attempt] = {}  # on the wire, by delivery id
         self._finished: list[tuple[Attempt, AttemptOutcome]] = []  # not recorded yet
+        self._cohort: set[str] = set()  # started by the last round, still running
         self._stopping = False
         self._idle = False
         self._failing = False  # the last round failed (logged once per outage)
@@ -162,13 +165,14 @@ class DeliveryLoop:
                     held += [(a.delivery_id, a.token) for a, _ in batch]
                 slots = 0 if self._stopping else self.concurrency - len(self._running)
                 done = await self._loop.run_in_executor(
-                    self._db, self._database_round, batch, held, slots
+                    self._db, self._database_round, batch, held, slots, len(self._running)
                 )
                 if held is not None and not done.failed:
                     extended_at = time.monotonic()
                 self._finished = done.deferred + self._finished
                 for attempt, outcome, recorded in done.recorded:
                     _log_attempt(attempt, outcome, recorded)
+                self._cohort = {attempt.delivery_id for attempt in done.claimed}
                 for attempt in done.claimed:
                     self._start(attempt)
                 self._idle = not (self._running or self._finished) and _not_due_soon(
@@ -196,32 +200,46 @@ class DeliveryLoop:
                     await self._wake.wait()
             except TimeoutError:
                 pass
+        # Attempts started together mostly end together: a round for the first alone would
+        # leave the rest to the next, and an endpoint's slots would refill one per round.
+        gather_until = time.monotonic() + GATHER_SECONDS
+        while self._finished and self._cohort and time.monotonic() < gather_until:
+            self._wake.clear()
+            try:
+                async with asyncio.timeout(gather_until - time.monotonic()):
+                    await self._wake.wait()
+            except TimeoutError:
+                break
 
-    def _database_round(self, batch: list, held: list[tuple[str, str]] | None, slots: int) -> Round:
-        """One round's database work, on the database thread: each part its own transaction,
-        so that a claim that fails does not take the records with it. `held`: the leases to
-        extend this round (those of the attempts running and of the batch), if any."""
+    def _database_round(
+        self, batch: list, held: list[tuple[str, str]] | None, slots: int, running: int
+    ) -> Round:
+        """One round's database work, on the database thread, in one transaction (a commit
+        costs more than any of its statements): record the batch, extend the leases `held`
+        (those of the attempts running and of the batch), claim up to `slots`. If it fails,
+        nothing of it is written, and the batch is recorded next round."""
         done = Round()
         try:
+            results: list[Recorded | None] = []
             if batch:
                 # Tests kill a worker here: the receiver has answered, nothing is recorded.
                 failpoint("delivery.before_record")
                 results = record_attempts(batch, policy=self.policy)
-                db.session.commit()
-                for (attempt, outcome), recorded in zip(batch, results, strict=True):
-                    if recorded is None:
-                        done.deferred.append((attempt, outcome))
-                    else:
-                        done.recorded.append((attempt, outcome, recorded))
             if held:
                 extend_leases(held)
-                db.session.commit()
             claimed = claim_attempts(
                 slots=slots,
                 endpoint_limit=self.endpoint_limit,
                 token=self.owner + secrets.token_hex(12),
+                # Only an idle loop sleeps until the next retry; a busy one wakes as attempts end.
+                next_due=running == 0,
             )
             db.session.commit()
+            for (attempt, outcome), recorded in zip(batch, results, strict=True):
+                if recorded is None:
+                    done.deferred.append((attempt, outcome))
+                else:
+                    done.recorded.append((attempt, outcome, recorded))
             done.claimed, done.next_due_at = claimed.attempts, claimed.next_due_at
             if self._failing:
                 log.info("webhook delivery rounds work again")
@@ -239,8 +257,7 @@ class DeliveryLoop:
                     exc_info=not outage,
                 )
             self._failing = True
-            if batch and not done.recorded and not done.deferred:
-                done.deferred = list(batch)  # not written: recorded next round
+            done.deferred = list(batch)  # not written: recorded next round
             done.failed = True
         return done
 
@@ -277,6 +294,7 @@ class DeliveryLoop:
             outcome = outcome or _not_sent("the worker stopped")
             count_attempt(outcome.kind, outcome.duration_ms / 1000)
             del self._running[attempt.delivery_id]
+            self._cohort.discard(attempt.delivery_id)
             self._finished.append((attempt, outcome))
             self._wake.set()
 
