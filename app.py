@@ -26,7 +26,7 @@ from config import Settings
 from extensions import db, migrate
 from observability.logs import configure_logging
 from observability.metrics import count_request
-from services import wakeups, work_slots
+from services import work_slots
 from services.secret_box import SecretBox
 
 MAX_BODY_BYTES = 64 * 1024
@@ -70,7 +70,6 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
     app.register_blueprint(metrics)
     register_error_handlers(app)
     register_commands(app)
-    wakeups.install()
     work_slots.install(WORK_SLOTS_PER_PROCESS)
     app.before_request(_start_request)
     app.before_request(work_slots.take)

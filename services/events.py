@@ -2,9 +2,9 @@
 
 `publish_event` writes the event and one delivery per receiving endpoint in the caller's database
 transaction, so an event exists exactly when what caused it was committed. It sends nothing and
-touches no queue: the delivery loop of every worker finds the new deliveries due in the
-database, woken by the NOTIFY that `services.wakeups` sends once that transaction has committed
-(and only then), or by its own poll a second later if that is lost.
+touches no queue: the same statement sends a NOTIFY (services/wakeups.py), which PostgreSQL
+delivers when that transaction commits (and only then), and the delivery loop of every worker
+finds the new deliveries due in the database, woken by it or by its own poll a second later.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from models.webhook_delivery import PENDING
 from models.webhook_endpoint import endpoint_is_open_sql
 from schemas.base import iso_timestamp
 from services.errors import ValidationFailed
-from services.wakeups import note_published
+from services.wakeups import NOTIFY_BRAND_SQL, notify_brand
 
 
 @dataclass(frozen=True)
@@ -92,8 +92,9 @@ def publish_event(
         )
         .all()
     )
-    note_published(brand_id)
-    return PublishedEvent(event=event, delivery_ids=[row.id for row in delivered])
+    return PublishedEvent(
+        event=event, delivery_ids=[row.id for row in delivered if row.id is not None]
+    )
 
 
 def event_body_around(
@@ -146,7 +147,7 @@ def deliver_again(
                 for delivery_id, (event_id, event_name) in zip(delivery_ids, events, strict=True)
             ],
         )
-        note_published(brand_id)
+        notify_brand(brand_id)
     return delivery_ids
 
 
@@ -199,22 +200,33 @@ _PUBLISH_CTES_TEMPLATE = """
         FROM event JOIN webhook_endpoints AS endpoint ON endpoint.brand_id = event.brand_id
         WHERE {receives}
         RETURNING id, endpoint_id
+    ),
+    woken AS (
+        SELECT {notify} FROM event
     )"""
 
 
 def _publish_ctes(receives: str) -> str:
-    return _PUBLISH_CTES_TEMPLATE.replace("{receives}", receives)
+    return _PUBLISH_CTES_TEMPLATE.replace("{receives}", receives).replace(
+        "{notify}", NOTIFY_BRAND_SQL.format(brand="event.brand_id")
+    )
 
 
 # For statements that publish an event themselves (a postback's): `.format(source=, body=)`.
+# `woken` sends the wake-up (services/wakeups.py) with the commit: a statement must read it
+# (`WOKEN`) for PostgreSQL to run it.
 PUBLISH_CTES = _publish_ctes(_SUBSCRIBED)
+WOKEN = "(SELECT count(*) FROM woken)"
 
 
 def _publish_statement(ctes: str):
     return text(
         "WITH"  # noqa: S608 - constant SQL, put together at import
         + ctes.format(body=":body", source="(SELECT 1) AS one")
-        + "\n    SELECT id, endpoint_id FROM deliveries"
+        # One row even when no endpoint receives the event, so that the wake-up is sent.
+        + "\n    SELECT deliveries.id, deliveries.endpoint_id FROM "
+        + WOKEN
+        + " AS notified LEFT JOIN deliveries ON true"
     ).bindparams(
         bindparam("created_at", type_=WebhookEvent.__table__.c.created_at.type),
         pending=PENDING,

@@ -34,10 +34,9 @@ from models.tracked_link import CONVERSION_COUNT_SLOTS
 from models.webhook_delivery import PENDING
 from schemas.events import event_data
 from services.errors import Conflict
-from services.events import PUBLISH_CTES, event_body_around
+from services.events import PUBLISH_CTES, WOKEN, event_body_around
 from services.failpoints import failpoint
 from services.psycopg_direct import fetch_first_on_psycopg, psycopg_sql
-from services.wakeups import note_published
 
 DEFAULT_IN_FLIGHT_WINDOW_SECONDS = 120
 # In flight almost always means "a few milliseconds from committing".
@@ -172,8 +171,7 @@ def _record_in_one_statement(
         return PostbackOutcome(
             conversion=_stored(conversion.brand_id, conversion.idempotency_key), replay=True
         )
-    conversion.link_id, conversion.campaign_id, conversion.deal_id, _endpoints = recorded
-    note_published(conversion.brand_id)
+    conversion.link_id, conversion.campaign_id, conversion.deal_id, _woken = recorded
     # The last moment before the caller commits: the key, the conversion, the counters and the
     # event are all written and none is visible yet. Tests crash or hang a server here.
     failpoint("postback.before_commit")
@@ -292,8 +290,9 @@ _RECORD_STATEMENT = text(
         " || :body_tail",
     )
     + """
-    SELECT conversion.link_id, conversion.campaign_id, conversion.deal_id,
-           ARRAY(SELECT endpoint_id FROM deliveries) AS endpoint_ids
+    SELECT conversion.link_id, conversion.campaign_id, conversion.deal_id, """
+    + WOKEN
+    + """ AS woken
     FROM conversion
     """
 ).bindparams(

@@ -37,7 +37,6 @@ from typing import Protocol
 import psycopg
 import redis
 
-from services.wakeups import notifier
 from workers.embedded_postgres import EmbeddedPostgres
 from workers.embedded_redis import EmbeddedRedis, pid_alive
 
@@ -90,8 +89,6 @@ class Backends:
         return problem
 
     def close(self) -> None:
-        # Wake-ups this process still holds go out first, while their database exists.
-        notifier().flush(timeout=10)
         for cleanup in reversed(self._cleanups):
             with suppress(Exception):
                 cleanup()
