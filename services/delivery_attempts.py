@@ -29,6 +29,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import TextClause, text
 
@@ -170,6 +171,99 @@ class Recorded:
 # --- claiming ---------------------------------------------------------------------------------
 
 
+def run_round(
+    results: Sequence[tuple[Attempt, AttemptOutcome]],
+    *,
+    slots: int,
+    endpoint_limit: int,
+    token: str,
+    policy: RetryPolicy,
+    now: datetime | None = None,
+    next_due: bool = True,
+    rng: random.Random | None = None,
+) -> tuple[list[Recorded | None], Claimed]:
+    """A round of the delivery loop: record `results` (`record_attempts`), then lease up to
+    `slots` due deliveries for attempts that start now (`claim_attempts`). The caller commits.
+
+    Two statements claim, and the first records the successes too (a round is a handful of
+    round trips, and the loop's pace against a fast receiver is set by them). The first
+    locks the rows of the results' endpoints and of the endpoints with due deliveries and
+    room, in their turn (SKIP LOCKED: one another transaction holds is left for the next
+    round, never waited for), and settles the successes. The second, with a snapshot taken
+    once those locks are held and those leases released, counts each endpoint's live leases
+    and takes its deliveries. A change of an endpoint (rotation, URL, disable) waits for that
+    lock, so every attempt leased after it commits reads it. With `next_due`, and nothing
+    claimed, it also says when the next retry falls due."""
+    recorded: list[Recorded | None] = [None] * len(results)
+    successes = [(i, a, o) for i, (a, o) in enumerate(results) if o.succeeded]
+    params: dict[str, Any] = {
+        "now": now,
+        "slots": slots,
+        "max_endpoints": min(slots, CLAIM_ENDPOINTS_MAX),
+        "endpoint_limit": endpoint_limit,
+        "probing_after": PROBING_AFTER_FAILURES,
+        "lease_seconds": LEASE.total_seconds(),
+        "token": token,
+    }
+    connection = db.session.connection()
+    rows = fetch_all_on_psycopg(
+        connection,
+        _RECORD_AND_LOCK,
+        params | _settle_parameters(results, [(a, o) for _, a, o in successes]),
+    )
+    locked = {row[1] for row in rows if row[0] in ("locked", "failing")}
+    failing = {row[1] for row in rows if row[0] == "failing"}
+    settled = {row[1] for row in rows if row[0] == "settled"}
+    candidates = sorted((row for row in rows if row[0] in ("open", "closed")), key=_turn)
+    last_success: dict[str, int] = {}
+    for index, attempt, _ in successes:
+        if attempt.endpoint_id in locked:
+            recorded[index] = Recorded(status=DELIVERED, kept=attempt.delivery_id in settled)
+            last_success[attempt.endpoint_id] = index
+    for endpoint_id in failing & {
+        a.endpoint_id for _, a, _ in successes if a.delivery_id in settled
+    }:
+        count_success(endpoint_id)
+    for index, (attempt, outcome) in enumerate(results):
+        if outcome.succeeded or attempt.endpoint_id not in locked:
+            continue
+        counts = index > last_success.get(attempt.endpoint_id, -1)
+        recorded[index] = _record_failure(attempt, outcome, policy, rng, counts=counts)
+    closed = [row[1] for row in candidates if row[0] == "closed"]
+    if closed:
+        _fail_strays(closed, now)
+    open_ids = [row[1] for row in candidates if row[0] == "open"]
+    claimed: list[Attempt] = []
+    if open_ids:
+        # In the endpoints' turns, which the second statement keeps.
+        leased = fetch_all_on_psycopg(connection, _LEASE_DUE, {**params, "endpoint_ids": open_ids})
+        claimed = [
+            Attempt(
+                delivery_id=delivery_id,
+                endpoint_id=endpoint_id,
+                event_name=event_name,
+                attempt_number=attempt_count + 1,
+                body=body.encode(),
+                url=url,
+                secret_ciphertext=secret_ciphertext,
+                previous_secret_ciphertext=previous_secret_ciphertext,
+                token=token,
+            )
+            for (
+                delivery_id,
+                endpoint_id,
+                event_name,
+                attempt_count,
+                url,
+                secret_ciphertext,
+                previous_secret_ciphertext,
+                body,
+            ) in leased
+        ]
+    next_due_at = db.session.scalar(_NEXT_DUE, {"now": now}) if next_due and not claimed else None
+    return recorded, Claimed(attempts=claimed, next_due_at=next_due_at)
+
+
 def claim_attempts(
     *,
     slots: int,
@@ -182,68 +276,80 @@ def claim_attempts(
     due first, at most its room (its slot limit less its live leases), and the endpoints in
     turn: those with fewer attempts in flight first, then the one whose last attempt started
     longest ago. So a brand's backlog takes its turns with another brand's single event
-    instead of going first, and no endpoint waits for a slot while others take several.
-
-    Two statements: the first finds endpoints with due deliveries and room, and locks their
-    rows (SKIP LOCKED: one another worker is claiming or recording is left for the next round);
-    the second, with a snapshot taken once those locks are held, counts each endpoint's leases
-    and takes its deliveries. A change of an endpoint (rotation, URL, disable) waits for that
-    lock, so every attempt leased after it commits reads it. With `next_due`, and nothing
-    claimed, also when the next retry falls due. The caller commits."""
-    claimed: list[Attempt] = []
-    if slots > 0:
-        params = {
-            "now": now,
-            "slots": slots,
-            "max_endpoints": min(slots, CLAIM_ENDPOINTS_MAX),
-            "endpoint_limit": endpoint_limit,
-            "probing_after": PROBING_AFTER_FAILURES,
-            "lease_seconds": LEASE.total_seconds(),
-            "token": token,
-        }
-        connection = db.session.connection()
-        candidates = fetch_all_on_psycopg(connection, _LOCK_ENDPOINTS_WITH_DUE_WORK, params)
-        closed = [endpoint_id for endpoint_id, is_open in candidates if not is_open]
-        if closed:
-            _fail_strays(closed, now)
-        open_ids = [endpoint_id for endpoint_id, is_open in candidates if is_open]
-        if open_ids:
-            # In the order the first statement gave: the endpoints' turns.
-            rows = fetch_all_on_psycopg(
-                connection, _LEASE_DUE, {**params, "endpoint_ids": open_ids}
-            )
-            claimed = [
-                Attempt(
-                    delivery_id=delivery_id,
-                    endpoint_id=endpoint_id,
-                    event_name=event_name,
-                    attempt_number=attempt_count + 1,
-                    body=body.encode(),
-                    url=url,
-                    secret_ciphertext=secret_ciphertext,
-                    previous_secret_ciphertext=previous_secret_ciphertext,
-                    token=token,
-                )
-                for (
-                    delivery_id,
-                    endpoint_id,
-                    event_name,
-                    attempt_count,
-                    url,
-                    secret_ciphertext,
-                    previous_secret_ciphertext,
-                    body,
-                ) in rows
-            ]
-    next_due_at = db.session.scalar(_NEXT_DUE, {"now": now}) if next_due and not claimed else None
-    return Claimed(attempts=claimed, next_due_at=next_due_at)
+    instead of going first, and no endpoint waits for a slot while others take several. (A
+    round with nothing to record; see `run_round`.)"""
+    return run_round(
+        [],
+        slots=slots,
+        endpoint_limit=endpoint_limit,
+        token=token,
+        policy=_NO_POLICY,
+        now=now,
+        next_due=next_due,
+    )[1]
 
 
-# Endpoints with a pending delivery, one index probe each (a loose index scan: a backlog of a
-# million rows of one endpoint costs one probe, not a million rows), kept if one of their
-# pending deliveries is due and unleased, they have room and no probe pause holds them, in
-# their turn (see claim_attempts); closed endpoints with such strays too, to fail them.
-_LOCK_ENDPOINTS_WITH_DUE_WORK = _psycopg_sql(
+def record_attempts(
+    results: Sequence[tuple[Attempt, AttemptOutcome]],
+    *,
+    policy: RetryPolicy,
+    rng: random.Random | None = None,
+) -> list[Recorded | None]:
+    """Write a round's results, in the order they finished; for each, what became of it, or
+    None when its endpoint's row is held by another transaction (a change in progress, a
+    claim): it is recorded next round, its lease kept meanwhile, so that no lock anywhere can
+    hold up other endpoints' records or let a lease lapse.
+
+    Rows are locked endpoint first, then delivery, the order of update-endpoint and
+    delete-endpoint, so that no deadlock is possible with them. An endpoint's run of failures
+    counts the failures after its last success in the round; a success resets it. A success
+    settles its delivery `delivered` even if a disable failed it meanwhile: the receiver has it.
+    (A round that claims nothing; see `run_round`.)"""
+    if not results:
+        return []
+    return run_round(
+        results, slots=0, endpoint_limit=0, token="", policy=policy, next_due=False, rng=rng
+    )[0]
+
+
+_NO_POLICY = RetryPolicy(schedule=(), disable_failures=1, disable_window=timedelta(0))
+
+
+def _turn(row: tuple) -> tuple:
+    """A candidate endpoint's place: fewer attempts in flight first, then the one whose last
+    attempt started longest ago (never first), then the one whose due delivery waited longest."""
+    _, endpoint_id, in_flight, last_attempt_at, oldest_due_at = row
+    return (in_flight, last_attempt_at is not None, last_attempt_at, oldest_due_at, endpoint_id)
+
+
+def _settle_parameters(
+    results: Sequence[tuple[Attempt, AttemptOutcome]],
+    successes: Sequence[tuple[Attempt, AttemptOutcome]],
+) -> dict[str, Any]:
+    return {
+        "batch_endpoint_ids": sorted({attempt.endpoint_id for attempt, _ in results}),
+        "batch_delivery_ids": [attempt.delivery_id for attempt, _ in results],
+        "delivery_ids": [attempt.delivery_id for attempt, _ in successes],
+        "tokens": [attempt.token for attempt, _ in successes],
+        "endpoint_ids": [attempt.endpoint_id for attempt, _ in successes],
+        "attempt_numbers": [attempt.attempt_number for attempt, _ in successes],
+        "requested_ats": [outcome.requested_at for _, outcome in successes],
+        "durations": [outcome.duration_ms for _, outcome in successes],
+        "http_statuses": [outcome.http_status for _, outcome in successes],
+        "response_bodies": [outcome.response_body for _, outcome in successes],
+        "request_headers": [json.dumps(outcome.request_headers) for _, outcome in successes],
+    }
+
+
+# One statement, in CTEs:
+# - candidates: endpoints with a pending delivery, one index probe each (a loose index scan: a
+#   backlog of a million rows of one endpoint costs one probe, not a million rows), kept if one
+#   of their pending deliveries is due and unleased, they have room (the round's results'
+#   leases, released below, not counted) and no probe pause holds them, the first in turn
+#   (`_turn`); closed endpoints with such strays too, to fail them;
+# - locked: the results' endpoints (rows are locked endpoint first, then delivery);
+# - settled and logged: each success of a locked endpoint, written under its token.
+_RECORD_AND_LOCK = _psycopg_sql(
     """
     WITH RECURSIVE pending_endpoint(endpoint_id) AS (
         (SELECT endpoint_id FROM webhook_deliveries WHERE status = 'pending'
@@ -253,32 +359,79 @@ _LOCK_ENDPOINTS_WITH_DUE_WORK = _psycopg_sql(
                 WHERE d.status = 'pending' AND d.endpoint_id > p.endpoint_id
                 ORDER BY d.endpoint_id LIMIT 1)
         FROM pending_endpoint AS p WHERE p.endpoint_id IS NOT NULL
+    ),
+    candidates AS MATERIALIZED (
+        SELECT e.id, {e_is_open} AS open, holding.in_flight, last_attempt.at AS last_attempt_at,
+               oldest_due.next_attempt_at AS oldest_due_at
+        FROM pending_endpoint AS p
+        JOIN webhook_endpoints AS e ON e.id = p.endpoint_id
+        CROSS JOIN LATERAL (
+            SELECT d.next_attempt_at FROM webhook_deliveries AS d
+            WHERE d.endpoint_id = e.id AND d.status = 'pending' AND d.next_attempt_at <= {now}
+              AND (d.lease_token IS NULL OR d.leased_until < {now})
+            ORDER BY d.next_attempt_at, d.id LIMIT 1
+        ) AS oldest_due
+        CROSS JOIN LATERAL (
+            SELECT count(*) AS in_flight FROM webhook_deliveries AS held
+            WHERE held.endpoint_id = e.id AND held.lease_token IS NOT NULL
+              AND held.leased_until >= {now}
+              AND held.id <> ALL(CAST(:batch_delivery_ids AS varchar[]))
+        ) AS holding
+        CROSS JOIN LATERAL (
+            SELECT max(requested_at) AS at FROM webhook_attempts AS attempt
+            WHERE attempt.endpoint_id = e.id
+        ) AS last_attempt
+        WHERE NOT ({e_is_open})
+           OR ((e.next_probe_at IS NULL OR e.next_probe_at <= {now})
+               AND holding.in_flight < CASE WHEN e.consecutive_failures >= :probing_after
+                                            THEN 1 ELSE :endpoint_limit END)
+        ORDER BY holding.in_flight, last_attempt.at NULLS FIRST, oldest_due.next_attempt_at,
+                 e.id
+        LIMIT :max_endpoints
+        FOR NO KEY UPDATE OF e SKIP LOCKED
+    ),
+    locked AS MATERIALIZED (
+        SELECT id, consecutive_failures <> 0 OR next_probe_at IS NOT NULL AS failing
+        FROM webhook_endpoints WHERE id = ANY(CAST(:batch_endpoint_ids AS varchar[]))
+        ORDER BY id FOR NO KEY UPDATE SKIP LOCKED
+    ),
+    outcome AS (
+        SELECT * FROM unnest(
+            CAST(:delivery_ids AS varchar[]), CAST(:tokens AS varchar[]),
+            CAST(:endpoint_ids AS varchar[]), CAST(:attempt_numbers AS integer[]),
+            CAST(:requested_ats AS timestamptz[]), CAST(:durations AS integer[]),
+            CAST(:http_statuses AS integer[]), CAST(:response_bodies AS text[]),
+            CAST(:request_headers AS text[])
+        ) AS o(delivery_id, token, endpoint_id, attempt_number, requested_at, duration_ms,
+               http_status, response_body, request_headers)
+    ),
+    settled AS (
+        UPDATE webhook_deliveries AS d
+        SET status = 'delivered', delivered_at = statement_timestamp(), next_attempt_at = NULL,
+            last_error = NULL, attempt_count = o.attempt_number, http_status = o.http_status,
+            leased_until = NULL, lease_token = NULL
+        FROM outcome AS o JOIN locked ON locked.id = o.endpoint_id
+        WHERE d.id = o.delivery_id AND d.lease_token = o.token
+        RETURNING d.id
+    ),
+    logged AS (
+        INSERT INTO webhook_attempts (
+            delivery_id, endpoint_id, attempt_number, requested_at, duration_ms, http_status,
+            error, response_body, request_headers
+        )
+        SELECT o.delivery_id, o.endpoint_id, o.attempt_number, o.requested_at, o.duration_ms,
+               o.http_status, NULL, o.response_body, CAST(o.request_headers AS json)
+        FROM outcome AS o JOIN settled ON settled.id = o.delivery_id
     )
-    SELECT e.id, {e_is_open} AS open
-    FROM pending_endpoint AS p
-    JOIN webhook_endpoints AS e ON e.id = p.endpoint_id
-    CROSS JOIN LATERAL (
-        SELECT d.next_attempt_at FROM webhook_deliveries AS d
-        WHERE d.endpoint_id = e.id AND d.status = 'pending' AND d.next_attempt_at <= {now}
-          AND (d.lease_token IS NULL OR d.leased_until < {now})
-        ORDER BY d.next_attempt_at, d.id LIMIT 1
-    ) AS oldest_due
-    CROSS JOIN LATERAL (
-        SELECT count(*) AS in_flight FROM webhook_deliveries AS held
-        WHERE held.endpoint_id = e.id AND held.lease_token IS NOT NULL
-          AND held.leased_until >= {now}
-    ) AS holding
-    CROSS JOIN LATERAL (
-        SELECT max(requested_at) AS at FROM webhook_attempts AS attempt
-        WHERE attempt.endpoint_id = e.id
-    ) AS last_attempt
-    WHERE NOT ({e_is_open})
-       OR ((e.next_probe_at IS NULL OR e.next_probe_at <= {now})
-           AND holding.in_flight < CASE WHEN e.consecutive_failures >= :probing_after THEN 1
-                                        ELSE :endpoint_limit END)
-    ORDER BY holding.in_flight, last_attempt.at NULLS FIRST, oldest_due.next_attempt_at, e.id
-    LIMIT :max_endpoints
-    FOR NO KEY UPDATE OF e SKIP LOCKED
+    SELECT CASE WHEN failing THEN 'failing' ELSE 'locked' END, id,
+           NULL::bigint, NULL::timestamptz, NULL::timestamptz
+    FROM locked
+    UNION ALL
+    SELECT 'settled', id, NULL, NULL, NULL FROM settled
+    UNION ALL
+    SELECT CASE WHEN open THEN 'open' ELSE 'closed' END, id, in_flight, last_attempt_at,
+           oldest_due_at
+    FROM candidates
     """
 )
 
@@ -401,120 +554,6 @@ _EXTEND = _sql(
 
 
 # --- recording --------------------------------------------------------------------------------
-
-
-def record_attempts(
-    results: Sequence[tuple[Attempt, AttemptOutcome]],
-    *,
-    policy: RetryPolicy,
-    rng: random.Random | None = None,
-) -> list[Recorded | None]:
-    """Write a round's results, in the order they finished; for each, what became of it, or
-    None when its endpoint's row is held by another transaction (a change in progress, a
-    claim): it is recorded next round, its lease kept meanwhile, so that no lock anywhere can
-    hold up other endpoints' records or let a lease lapse.
-
-    Rows are locked endpoint first, then delivery, the order of update-endpoint and
-    delete-endpoint, so that no deadlock is possible with them. An endpoint's run of failures
-    counts the failures after its last success in the round; a success resets it."""
-    if not results:
-        return []
-    recorded: list[Recorded | None] = [None] * len(results)
-    successes = [(i, a, o) for i, (a, o) in enumerate(results) if o.succeeded]
-    locked, failing, settled = _settle_delivered(
-        sorted({attempt.endpoint_id for attempt, _ in results}),
-        [(attempt, outcome) for _, attempt, outcome in successes],
-    )
-    last_success: dict[str, int] = {}
-    for index, attempt, _ in successes:
-        if attempt.endpoint_id in locked:
-            recorded[index] = Recorded(status=DELIVERED, kept=attempt.delivery_id in settled)
-            last_success[attempt.endpoint_id] = index
-    for endpoint_id in failing & {
-        a.endpoint_id for _, a, _ in successes if a.delivery_id in settled
-    }:
-        count_success(endpoint_id)
-    for index, (attempt, outcome) in enumerate(results):
-        if outcome.succeeded or attempt.endpoint_id not in locked:
-            continue
-        counts = index > last_success.get(attempt.endpoint_id, -1)
-        recorded[index] = _record_failure(attempt, outcome, policy, rng, counts=counts)
-    return recorded
-
-
-def _settle_delivered(
-    endpoint_ids: list[str], results: Sequence[tuple[Attempt, AttemptOutcome]]
-) -> tuple[set[str], set[str], set[str]]:
-    """Lock the round's endpoints (those another transaction holds are skipped) and settle the
-    successful attempts of the locked ones, in one statement: the usual round is one round
-    trip. (locked endpoints, those of them in a run of failures, deliveries settled: still
-    under their token). A delivery a disable failed meanwhile becomes `delivered` too: it was."""
-    rows = fetch_all_on_psycopg(
-        db.session.connection(),
-        _SETTLE_DELIVERED_ON_PSYCOPG,
-        {
-            "all_endpoint_ids": endpoint_ids,
-            "delivery_ids": [attempt.delivery_id for attempt, _ in results],
-            "tokens": [attempt.token for attempt, _ in results],
-            "endpoint_ids": [attempt.endpoint_id for attempt, _ in results],
-            "attempt_numbers": [attempt.attempt_number for attempt, _ in results],
-            "requested_ats": [outcome.requested_at for _, outcome in results],
-            "durations": [outcome.duration_ms for _, outcome in results],
-            "http_statuses": [outcome.http_status for _, outcome in results],
-            "response_bodies": [outcome.response_body for _, outcome in results],
-            "request_headers": [json.dumps(outcome.request_headers) for _, outcome in results],
-        },
-    )
-    locked = {row_id for kind, row_id in rows if kind in ("locked", "failing")}
-    failing = {row_id for kind, row_id in rows if kind == "failing"}
-    settled = {row_id for kind, row_id in rows if kind == "settled"}
-    return locked, failing, settled
-
-
-# Rows are locked endpoint first, then delivery (see record_attempts).
-_SETTLE_DELIVERED = text(
-    """
-    WITH locked AS MATERIALIZED (
-        SELECT id, consecutive_failures <> 0 OR next_probe_at IS NOT NULL AS failing
-        FROM webhook_endpoints WHERE id = ANY(CAST(:all_endpoint_ids AS varchar[]))
-        ORDER BY id FOR NO KEY UPDATE SKIP LOCKED
-    ),
-    outcome AS (
-        SELECT * FROM unnest(
-            CAST(:delivery_ids AS varchar[]), CAST(:tokens AS varchar[]),
-            CAST(:endpoint_ids AS varchar[]), CAST(:attempt_numbers AS integer[]),
-            CAST(:requested_ats AS timestamptz[]), CAST(:durations AS integer[]),
-            CAST(:http_statuses AS integer[]), CAST(:response_bodies AS text[]),
-            CAST(:request_headers AS text[])
-        ) AS o(delivery_id, token, endpoint_id, attempt_number, requested_at, duration_ms,
-               http_status, response_body, request_headers)
-    ),
-    settled AS (
-        UPDATE webhook_deliveries AS d
-        SET status = 'delivered', delivered_at = statement_timestamp(), next_attempt_at = NULL,
-            last_error = NULL, attempt_count = o.attempt_number, http_status = o.http_status,
-            leased_until = NULL, lease_token = NULL
-        FROM outcome AS o JOIN locked ON locked.id = o.endpoint_id
-        WHERE d.id = o.delivery_id AND d.lease_token = o.token
-        RETURNING d.id
-    ),
-    logged AS (
-        INSERT INTO webhook_attempts (
-            delivery_id, endpoint_id, attempt_number, requested_at, duration_ms, http_status,
-            error, response_body, request_headers
-        )
-        SELECT o.delivery_id, o.endpoint_id, o.attempt_number, o.requested_at, o.duration_ms,
-               o.http_status, NULL, o.response_body, CAST(o.request_headers AS json)
-        FROM outcome AS o JOIN settled ON settled.id = o.delivery_id
-    )
-    SELECT CASE WHEN failing THEN 'failing' ELSE 'locked' END, id FROM locked
-    UNION ALL
-    SELECT 'settled', id FROM settled
-    """
-)
-# Run on psycopg directly: SQLAlchemy's work around an execution was about a third of the
-# statement's time in the worker, on the path from one attempt of an endpoint to its next.
-_SETTLE_DELIVERED_ON_PSYCOPG = psycopg_sql(_SETTLE_DELIVERED)
 
 
 def _record_failure(

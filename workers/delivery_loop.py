@@ -46,9 +46,8 @@ from services.delivery_attempts import (
     AttemptOutcome,
     Recorded,
     RetryPolicy,
-    claim_attempts,
     extend_leases,
-    record_attempts,
+    run_round,
 )
 from services.endpoint_urls import UrlPolicy
 from services.failpoints import failpoint
@@ -220,17 +219,17 @@ class DeliveryLoop:
         nothing of it is written, and the batch is recorded next round."""
         done = Round()
         try:
-            results: list[Recorded | None] = []
             if batch:
                 # Tests kill a worker here: the receiver has answered, nothing is recorded.
                 failpoint("delivery.before_record")
-                results = record_attempts(batch, policy=self.policy)
             if held:
                 extend_leases(held)
-            claimed = claim_attempts(
+            results, claimed = run_round(
+                batch,
                 slots=slots,
                 endpoint_limit=self.endpoint_limit,
                 token=self.owner + secrets.token_hex(12),
+                policy=self.policy,
                 # Only an idle loop sleeps until the next retry; a busy one wakes as attempts end.
                 next_due=running == 0,
             )
