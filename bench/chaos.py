@@ -68,6 +68,8 @@ SCENARIOS = (
 
 _OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 _FAIL = b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 4\r\n\r\nboom"
+# Like a real receiver, it takes a moment to answer, so a kill -9 finds attempts in flight.
+ANSWER_SECONDS = 0.02
 
 
 # --------------------------------------------------------------------------------------------
@@ -97,7 +99,14 @@ class _Receiver(HttpRequests):
         _Receiver.received[delivery_id] = _Receiver.received.get(delivery_id, 0) + 1
         if _Receiver.mode == "hang":
             return  # never answered: the sender's timeout ends it
-        if _Receiver.mode == "500":
+        asyncio.get_running_loop().call_later(
+            ANSWER_SECONDS, self._answer, delivery_id, _Receiver.mode == "500"
+        )
+
+    def _answer(self, delivery_id: str, fail: bool) -> None:
+        if self.transport.is_closing():
+            return
+        if fail:
             self.transport.write(_FAIL)
             return
         _Receiver.answered_ok[delivery_id] = _Receiver.answered_ok.get(delivery_id, 0) + 1
