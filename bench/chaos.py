@@ -289,6 +289,10 @@ def run(workdir: Path, processes: Processes, args) -> dict:
                 time.sleep(fault_seconds)
                 _get(f"{receiver}/_mode?m=ok")
             elif scenario == "worker-kill-9":
+                # Kill it with attempts on the wire, the case that may send twice.
+                aim_until = time.monotonic() + 2
+                while not leased_ids(brand) and time.monotonic() < aim_until:
+                    time.sleep(0.002)
                 worker.send_signal(signal.SIGKILL)
                 worker.wait(10)
                 allowed = leased_ids(brand)
