@@ -363,6 +363,7 @@ def test_every_main_page_shows_the_demo_workspace(browser, live, context, app, r
         ("Conversions", "conversions"),
         ("Tracked links", "links"),
         ("Events", "events"),
+        ("Event types", "event-types"),
     ]:
         nav.get_by_role("link", name=label, exact=True).click()
         expect(page.get_by_role("heading", name=label, exact=True)).to_be_visible()
