@@ -111,6 +111,33 @@ class Problems:
         self.seen.clear()
 
 
+def open_context(
+    browser,
+    base_url: str,
+    problems: Problems | None = None,
+    *,
+    viewport: dict = LAPTOP,
+    javascript: bool = True,
+    timeout_ms: int = 10_000,
+    **options,
+):
+    """A fresh browser profile on `base_url` (a phone's touch and mobile flags at PHONE size),
+    whose console `problems` watches when given."""
+    phone = viewport == PHONE
+    context = browser.new_context(
+        viewport=viewport,
+        base_url=base_url,
+        java_script_enabled=javascript,
+        is_mobile=phone,
+        has_touch=phone,
+        **options,
+    )
+    context.set_default_timeout(timeout_ms)
+    if problems is not None:
+        problems.watch(context)
+    return context
+
+
 def screenshot_folder() -> Path | None:
     """The folder BRAND_SCREENSHOTS names (created), or None: CI takes none, so it leaves the
     committed screenshots alone."""

@@ -16,7 +16,9 @@ from services.api_keys import create_api_key
 from services.bootstrap_tokens import issue_bootstrap_token
 from services.brands import create_brand
 from tests.backends import Backends, open_backends
+from tests.browser import Problems, launched_chromium, require_browser
 from tests.receiver import Receiver
+from tests.server_process import ServerProcess
 from tests.worker_process import WorkerProcess
 
 TEST_SECRET_KEY = "test-secret-key-not-for-production"
@@ -173,8 +175,32 @@ def receiver() -> Iterator[Receiver]:
 
 @pytest.fixture(scope="module")
 def webhook_worker(app, app_environ) -> Iterator[WorkerProcess]:
-    """One real `flask worker` process (retries after 1 s, 1 s timeout, sweeps every second)
-    shared by a module's tests."""
+    """One real `flask worker` process (retries after 1 s, 1 s timeout) shared by a module's
+    tests."""
     worker = WorkerProcess(app_environ)
     yield worker
     worker.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator:
+    """Headless Chromium for a module's browser tests: skipped without one, or failed under
+    BRAND_BROWSER_TESTS=required (tests/browser.py)."""
+    require_browser()
+    with launched_chromium() as chromium:
+        yield chromium
+
+
+@pytest.fixture
+def problems() -> Problems:
+    """What a person's browser console would show going wrong in the contexts it watches."""
+    return Problems()
+
+
+@pytest.fixture(scope="module")
+def browser_server(browser, app, app_environ) -> Iterator[ServerProcess]:
+    """A gunicorn server (one worker, four threads) for a module's browser tests, and no
+    delivery worker: deliveries stay as each test leaves them unless it starts one."""
+    process = ServerProcess(app_environ, workers=1, threads=4)
+    yield process
+    process.stop()

@@ -26,11 +26,9 @@ from services.api_keys import create_api_key
 from services.endpoint_urls import UrlPolicy
 from services.webhook_endpoints import register_endpoint
 from tests.browser import (
-    LAPTOP,
     PHONE,
     Problems,
-    launched_chromium,
-    require_browser,
+    open_context,
     screenshot_folder,
 )
 from tests.receiver import Receiver, Reply
@@ -60,13 +58,6 @@ class Live:
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator:
-    require_browser()
-    with launched_chromium() as chromium:
-        yield chromium
-
-
-@pytest.fixture(scope="module")
 def live(browser, app, app_environ) -> Iterator[Live]:
     """One gunicorn server and one worker on the run's database and Redis, for the module."""
     server = ServerProcess(app_environ, workers=1, threads=4)
@@ -81,16 +72,9 @@ def live(browser, app, app_environ) -> Iterator[Live]:
 
 
 @pytest.fixture
-def problems() -> Problems:
-    return Problems()
-
-
-@pytest.fixture
 def context(browser, live, problems) -> Iterator:
     """A fresh browser profile at laptop size; no console error may happen in it."""
-    context = browser.new_context(viewport=LAPTOP, base_url=live.url)
-    context.set_default_timeout(10_000)
-    problems.watch(context)
+    context = open_context(browser, live.url, problems)
     yield context
     context.close()
     assert problems.seen == [], "the browser reported problems:\n" + "\n".join(problems.seen)

@@ -22,8 +22,7 @@ from services.endpoint_urls import UrlPolicy
 from services.events import publish_event
 from services.postbacks import Postback, record_postback
 from services.webhook_endpoints import register_endpoint
-from tests.browser import LAPTOP, PHONE, Problems, launched_chromium, require_browser
-from tests.server_process import ServerProcess
+from tests.browser import PHONE, open_context
 
 try:
     from playwright.sync_api import expect
@@ -36,51 +35,17 @@ LOCAL = UrlPolicy(https_only=False, allow_local=True)
 DOWN_URL = "http://127.0.0.1:9/orders/webhooks"
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator:
-    require_browser()
-    with launched_chromium() as chromium:
-        yield chromium
-
-
-@pytest.fixture(scope="module")
-def server(browser, app, app_environ) -> Iterator[ServerProcess]:
-    """A gunicorn server and no worker: deliveries stay as the test leaves them."""
-    process = ServerProcess(app_environ, workers=1, threads=4)
-    yield process
-    process.stop()
-
-
-def open_context(browser, server, problems: Problems, *, javascript: bool, viewport=LAPTOP):
-    phone = viewport == PHONE
-    context = browser.new_context(
-        viewport=viewport,
-        base_url=server.url,
-        java_script_enabled=javascript,
-        is_mobile=phone,
-        has_touch=phone,
-    )
-    context.set_default_timeout(10_000)
-    problems.watch(context)
-    return context
-
-
 @pytest.fixture
-def problems() -> Problems:
-    return Problems()
-
-
-@pytest.fixture
-def no_js(browser, server, problems) -> Iterator:
-    context = open_context(browser, server, problems, javascript=False)
+def no_js(browser, browser_server, problems) -> Iterator:
+    context = open_context(browser, browser_server.url, problems, javascript=False)
     yield context
     context.close()
     assert problems.seen == [], "the browser reported problems:\n" + "\n".join(problems.seen)
 
 
 @pytest.fixture
-def with_js(browser, server, problems) -> Iterator:
-    context = open_context(browser, server, problems, javascript=True)
+def with_js(browser, browser_server, problems) -> Iterator:
+    context = open_context(browser, browser_server.url, problems, javascript=True)
     yield context
     context.close()
     assert problems.seen == [], "the browser reported problems:\n" + "\n".join(problems.seen)
@@ -260,10 +225,10 @@ def retrying_delivery(app, brand_id: str) -> tuple[str, str]:
 
 @pytest.mark.parametrize("javascript", [False, True], ids=["no-js", "js"])
 def test_a_failing_delivery_reads_retrying_and_can_be_found_by_id(
-    app, browser, server, problems, brand, read_key, javascript
+    app, browser, browser_server, problems, brand, read_key, javascript
 ):
     delivery_id, event_id = retrying_delivery(app, brand)
-    context = open_context(browser, server, problems, javascript=javascript)
+    context = open_context(browser, browser_server.url, problems, javascript=javascript)
     try:
         page = context.new_page()
         sign_in(page, read_key)
@@ -303,7 +268,7 @@ def test_a_failing_delivery_reads_retrying_and_can_be_found_by_id(
     assert problems.seen == [], "the browser reported problems:\n" + "\n".join(problems.seen)
 
 
-def test_pages_name_an_icon_that_is_served(with_js, server, brand, read_key):
+def test_pages_name_an_icon_that_is_served(with_js, browser_server, brand, read_key):
     page = with_js.new_page()
     sign_in(page, read_key)
     for path in ("/dashboard/", "/docs"):
@@ -330,12 +295,14 @@ PAGES = [
 
 @pytest.mark.parametrize("javascript", [False, True], ids=["no-js", "js"])
 def test_on_a_phone_nothing_scrolls_sideways_and_a_deliverys_status_is_in_sight(
-    app, browser, server, problems, brand, read_key, javascript
+    app, browser, browser_server, problems, brand, read_key, javascript
 ):
     delivery_id, _ = retrying_delivery(app, brand)
     with app.app_context():
         endpoint_id = db.session.scalar(select(WebhookDelivery.endpoint_id))
-    context = open_context(browser, server, problems, javascript=javascript, viewport=PHONE)
+    context = open_context(
+        browser, browser_server.url, problems, javascript=javascript, viewport=PHONE
+    )
     try:
         page = context.new_page()
         sign_in(page, read_key)

@@ -33,8 +33,7 @@ from services.endpoint_urls import UrlPolicy
 from services.events import publish_event
 from services.postbacks import Postback, record_postback
 from services.webhook_endpoints import register_endpoint
-from tests.browser import LAPTOP, PHONE, Problems, launched_chromium, require_browser
-from tests.server_process import ServerProcess
+from tests.browser import LAPTOP, PHONE, open_context
 from tests.worker_process import WorkerProcess
 
 try:
@@ -56,44 +55,16 @@ VIEWPORTS = pytest.mark.parametrize("viewport", [LAPTOP, PHONE], ids=["laptop", 
 JAVASCRIPT = pytest.mark.parametrize("javascript", [False, True], ids=["no-js", "js"])
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator:
-    require_browser()
-    with launched_chromium() as chromium:
-        yield chromium
-
-
-@pytest.fixture(scope="module")
-def server(browser, app, app_environ) -> Iterator[ServerProcess]:
-    """A gunicorn server and no worker: deliveries stay as each test leaves them, unless the
-    test starts a worker of its own."""
-    process = ServerProcess(app_environ, workers=1, threads=4)
-    yield process
-    process.stop()
-
-
 @pytest.fixture
-def problems() -> Problems:
-    return Problems()
-
-
-@pytest.fixture
-def open_page(browser, server, problems) -> Iterator:
+def open_page(browser, browser_server, problems) -> Iterator:
     """`open_page(viewport, javascript)`: a page of a fresh browser profile; no console error
     may happen in it."""
     contexts = []
 
     def open_one(viewport: dict, javascript: bool):
-        phone = viewport == PHONE
-        context = browser.new_context(
-            viewport=viewport,
-            base_url=server.url,
-            java_script_enabled=javascript,
-            is_mobile=phone,
-            has_touch=phone,
+        context = open_context(
+            browser, browser_server.url, problems, viewport=viewport, javascript=javascript
         )
-        context.set_default_timeout(10_000)
-        problems.watch(context)
         contexts.append(context)
         return context.new_page()
 

@@ -10,27 +10,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.browser import LAPTOP, PHONE, Problems, launched_chromium, require_browser
-from tests.server_process import ServerProcess
+from tests.browser import LAPTOP, PHONE, Problems, open_context
 
 try:
     from playwright.sync_api import expect
 except ImportError:  # require_browser() says why the tests cannot run, or fails under CI
     expect = None
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator:
-    require_browser()
-    with launched_chromium() as chromium:
-        yield chromium
-
-
-@pytest.fixture(scope="module")
-def server(browser, app, app_environ) -> Iterator[ServerProcess]:
-    process = ServerProcess(app_environ, workers=1, threads=4)
-    yield process
-    process.stop()
 
 
 class Offline:
@@ -49,17 +34,17 @@ class Offline:
 
 
 @pytest.fixture
-def open_docs(browser, server) -> Iterator:
+def open_docs(browser, browser_server) -> Iterator:
     """`open_docs(path, viewport=LAPTOP)`: a page on `path` in a context of its own, with no
     network beyond the server; what the browser reported is checked afterwards."""
     opened: list[tuple] = []
 
     def open_page(path: str = "/docs", viewport: dict = LAPTOP):
-        context = browser.new_context(viewport=viewport, base_url=server.url)
-        context.set_default_timeout(20_000)
         problems = Problems()
-        problems.watch(context)
-        offline = Offline(server.url)
+        context = open_context(
+            browser, browser_server.url, problems, viewport=viewport, timeout_ms=20_000
+        )
+        offline = Offline(browser_server.url)
         context.route("**/*", offline.route)
         opened.append((context, problems, offline))
         page = context.new_page()
@@ -123,11 +108,11 @@ def test_the_dashboards_link_fills_the_brands_id_into_the_curl_commands(open_doc
     expect(curl.first).not_to_contain_text("$BRAND")
 
 
-def test_the_license_link_of_the_document_lands_on_its_section(open_docs, server):
+def test_the_license_link_of_the_document_lands_on_its_section(open_docs, browser_server):
     document = open_docs("/api/v1/openapi.json").evaluate(
         "() => JSON.parse(document.body.innerText)"
     )
-    page = open_docs(document["info"]["license"]["url"].removeprefix(server.url))
+    page = open_docs(document["info"]["license"]["url"].removeprefix(browser_server.url))
     heading = page.get_by_role("heading", name="License", exact=True)
     expect(heading).to_be_in_viewport()
     expect(page.get_by_text("Proprietary: this interface")).to_be_visible()
