@@ -110,6 +110,9 @@ class Problems:
     def clear(self) -> None:
         self.seen.clear()
 
+    def assert_none(self) -> None:
+        assert self.seen == [], "the browser reported problems:\n" + "\n".join(self.seen)
+
 
 def open_context(
     browser,
@@ -136,6 +139,16 @@ def open_context(
     if problems is not None:
         problems.watch(context)
     return context
+
+
+def sign_in_with_key(page, secret: str) -> None:
+    """Sign in on the dashboard's form with an API key, and wait for the dashboard."""
+    from playwright.sync_api import expect
+
+    page.goto("/dashboard/sign-in")
+    page.get_by_label("API key").fill(secret)
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_role("navigation", name="Dashboard")).to_be_visible()
 
 
 def screenshot_folder() -> Path | None:

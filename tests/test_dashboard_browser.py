@@ -30,6 +30,7 @@ from tests.browser import (
     Problems,
     open_context,
     screenshot_folder,
+    sign_in_with_key,
 )
 from tests.receiver import Receiver, Reply
 from tests.server_process import ServerProcess
@@ -77,14 +78,7 @@ def context(browser, live, problems) -> Iterator:
     context = open_context(browser, live.url, problems)
     yield context
     context.close()
-    assert problems.seen == [], "the browser reported problems:\n" + "\n".join(problems.seen)
-
-
-def sign_in_with_key(page, secret: str) -> None:
-    page.goto("/dashboard/sign-in")
-    page.get_by_label("API key").fill(secret)
-    page.get_by_role("button", name="Sign in").click()
-    expect(page.get_by_role("navigation", name="Dashboard")).to_be_visible()
+    problems.assert_none()
 
 
 def assert_readable_width(field) -> None:
@@ -293,7 +287,7 @@ def test_on_a_phone_the_nav_works_and_only_tables_scroll_sideways(
         assert_no_sideways_scroll(page)
     finally:
         context.close()
-    assert problems.seen == [], "the browser reported problems:\n" + "\n".join(problems.seen)
+    problems.assert_none()
 
 
 def test_the_console_watch_reports_a_csp_violation(browser, live):

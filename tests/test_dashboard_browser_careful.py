@@ -22,7 +22,7 @@ from services.endpoint_urls import UrlPolicy
 from services.events import publish_event
 from services.postbacks import Postback, record_postback
 from services.webhook_endpoints import register_endpoint
-from tests.browser import PHONE, open_context
+from tests.browser import PHONE, open_context, sign_in_with_key
 
 try:
     from playwright.sync_api import expect
@@ -40,7 +40,7 @@ def no_js(browser, browser_server, problems) -> Iterator:
     context = open_context(browser, browser_server.url, problems, javascript=False)
     yield context
     context.close()
-    assert problems.seen == [], "the browser reported problems:\n" + "\n".join(problems.seen)
+    problems.assert_none()
 
 
 @pytest.fixture
@@ -48,14 +48,7 @@ def with_js(browser, browser_server, problems) -> Iterator:
     context = open_context(browser, browser_server.url, problems, javascript=True)
     yield context
     context.close()
-    assert problems.seen == [], "the browser reported problems:\n" + "\n".join(problems.seen)
-
-
-def sign_in(page, secret: str) -> None:
-    page.goto("/dashboard/sign-in")
-    page.get_by_label("API key").fill(secret)
-    page.get_by_role("button", name="Sign in").click()
-    expect(page.get_by_role("navigation", name="Dashboard")).to_be_visible()
+    problems.assert_none()
 
 
 def deliveries_of(app, endpoint_id: str) -> int:
@@ -100,7 +93,7 @@ def test_without_javascript_keys_are_made_once_and_revoked_after_a_question(
 ):
     make_key(brand, name="old-service")
     page = no_js.new_page()
-    sign_in(page, write_key)
+    sign_in_with_key(page, write_key)
     page.goto("/dashboard/keys")
 
     page.get_by_label("Name").fill("no-js-key")
@@ -125,7 +118,7 @@ def test_without_javascript_an_endpoint_is_registered_tested_and_deleted_careful
     app, no_js, brand, write_key
 ):
     page = no_js.new_page()
-    sign_in(page, write_key)
+    sign_in_with_key(page, write_key)
     page.goto("/dashboard/endpoints")
     page.get_by_label("Endpoint URL").fill(DOWN_URL)
     page.get_by_label("Description (optional)").fill("Orders, staging")
@@ -161,7 +154,7 @@ def test_without_javascript_an_endpoint_is_registered_tested_and_deleted_careful
 
 def test_revoking_the_key_just_made_takes_its_secret_box_away(with_js, brand, write_key):
     page = with_js.new_page()
-    sign_in(page, write_key)
+    sign_in_with_key(page, write_key)
     page.goto("/dashboard/keys")
     page.get_by_label("Name").fill("mistake")
     page.get_by_role("button", name="Create key").click()
@@ -231,7 +224,7 @@ def test_a_failing_delivery_reads_retrying_and_can_be_found_by_id(
     context = open_context(browser, browser_server.url, problems, javascript=javascript)
     try:
         page = context.new_page()
-        sign_in(page, read_key)
+        sign_in_with_key(page, read_key)
         # The overview counts it, instead of "failed 0".
         expect(page.locator('[data-count="retrying"]')).to_have_text("1")
         expect(page.locator('[data-count="failed-attempts"]')).to_have_text("2")
@@ -265,12 +258,12 @@ def test_a_failing_delivery_reads_retrying_and_can_be_found_by_id(
         expect(unknown.locator(".badge-counted")).to_have_count(0)
     finally:
         context.close()
-    assert problems.seen == [], "the browser reported problems:\n" + "\n".join(problems.seen)
+    problems.assert_none()
 
 
 def test_pages_name_an_icon_that_is_served(with_js, browser_server, brand, read_key):
     page = with_js.new_page()
-    sign_in(page, read_key)
+    sign_in_with_key(page, read_key)
     for path in ("/dashboard/", "/docs"):
         page.goto(path)
         for href in page.locator('link[rel="icon"]').evaluate_all(
@@ -305,7 +298,7 @@ def test_on_a_phone_nothing_scrolls_sideways_and_a_deliverys_status_is_in_sight(
     )
     try:
         page = context.new_page()
-        sign_in(page, read_key)
+        sign_in_with_key(page, read_key)
         endpoint_page = f"/dashboard/endpoints/{endpoint_id}"
         for path in [*PAGES, endpoint_page, f"/dashboard/deliveries/{delivery_id}"]:
             page.goto(path)
@@ -335,4 +328,4 @@ def test_on_a_phone_nothing_scrolls_sideways_and_a_deliverys_status_is_in_sight(
             assert lines == 1, f"{name.inner_text()} breaks over {lines} lines"
     finally:
         context.close()
-    assert problems.seen == [], "the browser reported problems:\n" + "\n".join(problems.seen)
+    problems.assert_none()

@@ -33,7 +33,7 @@ from services.endpoint_urls import UrlPolicy
 from services.events import publish_event
 from services.postbacks import Postback, record_postback
 from services.webhook_endpoints import register_endpoint
-from tests.browser import LAPTOP, PHONE, open_context
+from tests.browser import LAPTOP, PHONE, open_context, sign_in_with_key
 from tests.worker_process import WorkerProcess
 
 try:
@@ -71,14 +71,7 @@ def open_page(browser, browser_server, problems) -> Iterator:
     yield open_one
     for context in contexts:
         context.close()
-    assert problems.seen == [], "the browser reported problems:\n" + "\n".join(problems.seen)
-
-
-def sign_in(page, secret: str) -> None:
-    page.goto("/dashboard/sign-in")
-    page.get_by_label("API key").fill(secret)
-    page.get_by_role("button", name="Sign in").click()
-    expect(page.get_by_role("navigation", name="Dashboard")).to_be_visible()
+    problems.assert_none()
 
 
 def make_key(app, brand_id: str, scopes=("read", "write"), name: str = "ops") -> str:
@@ -265,7 +258,7 @@ def test_every_page_fits_its_width_cuts_no_text_and_breaks_urls_at_sensible_poin
 ):
     brand_id, endpoint_id, delivery_id, conversion_id = demo_with_long_tokens(app)
     page = open_page(viewport, javascript)
-    sign_in(page, make_key(app, brand_id, scopes=("read",)))
+    sign_in_with_key(page, make_key(app, brand_id, scopes=("read",)))
     pages = [
         "/dashboard/",
         "/dashboard/keys",
@@ -315,7 +308,7 @@ def test_disable_and_re_enable_refresh_every_panel_they_change(
     endpoint_id, delivery_ids = failing_endpoint(app, brand)
     key = make_key(app, brand)
     page = open_page(viewport, javascript)
-    sign_in(page, key)
+    sign_in_with_key(page, key)
     page.goto(f"/dashboard/endpoints/{endpoint_id}")
     assert health_deliveries(page) == "0 delivered · 2 pending · 0 failed"
     summary = page.locator("#endpoint-summary")
@@ -383,7 +376,7 @@ def test_times_read_to_the_second_with_how_long_ago_beside_them(
     page = open_page(viewport, javascript)
     if javascript:
         page.clock.install()  # the page's own clock, moved on below
-    sign_in(page, read_key)
+    sign_in_with_key(page, read_key)
     page.goto(f"/dashboard/deliveries/{delivery_id}")
 
     created = page.locator("dt", has_text="Created").locator("xpath=./following-sibling::dd[1]")
@@ -448,7 +441,7 @@ def test_an_example_event_reaches_the_receiver_signed_and_logged(
     worker = WorkerProcess(app_environ)
     try:
         page = open_page(viewport, javascript)
-        sign_in(page, make_key(app, brand))
+        sign_in_with_key(page, make_key(app, brand))
         page.goto(f"/dashboard/endpoints/{endpoint_id}")
         panel = page.locator("#endpoint-example")
         expect(panel.get_by_label("Event")).to_have_value("conversion.recorded")  # subscribed
@@ -490,7 +483,7 @@ def test_a_read_key_is_offered_no_example_to_send(app, open_page, brand, read_ke
         ).id
         db.session.commit()
     page = open_page(LAPTOP, True)
-    sign_in(page, read_key)
+    sign_in_with_key(page, read_key)
     page.goto(f"/dashboard/endpoints/{endpoint_id}")
     expect(page.get_by_role("button", name="Send test")).to_be_visible()
     expect(page.locator("#endpoint-example")).to_have_count(0)

@@ -55,7 +55,7 @@ def open_docs(browser, browser_server) -> Iterator:
     for context, problems, offline in opened:
         context.close()
         assert offline.refused == [], f"the page asked for other sites: {offline.refused}"
-        assert problems.seen == [], "the browser reported problems:\n" + "\n".join(problems.seen)
+        problems.assert_none()
 
 
 def test_the_reference_shows_an_operation_and_an_event_offline_without_csp_violations(
