@@ -83,6 +83,9 @@ def context(browser, live, problems) -> Iterator:
 
 def assert_readable_width(field) -> None:
     """A signed-out form uses the page's width on a laptop, not a sidebar-sized column."""
+    # Measured once the stylesheets have loaded: the heading can show before them, and an
+    # unstyled input is 177 px wide (a loaded CI machine measured exactly that).
+    field.page.wait_for_load_state("load")
     box = field.bounding_box()
     assert box is not None and box["width"] >= 300, f"the field is {box} wide"
 
