@@ -460,8 +460,11 @@ def seed_demo_with_deliveries(app, receiver: Receiver) -> Demo:
     return demo
 
 
-def wait_until_settled(app, brand_id: str, timeout: float = 30.0) -> None:
-    """Until no delivery of the brand is pending (the worker retries after 1 s, twice)."""
+def wait_until_settled(app, brand_id: str, timeout: float = 60.0) -> None:
+    """Until no delivery of the brand is pending (the worker retries after 1 s, twice). The
+    down endpoint's 8 deliveries take 3 attempts each, and its breaker spaces them a second
+    apart (WEBHOOK_TIMEOUT): about 24 s on a quiet machine, so the deadline leaves room for a
+    loaded one."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with app.app_context():
