@@ -10,12 +10,20 @@ a brand with 8 endpoints, each postback fanning out as `conversion.recorded` to 
   worker-sigterm          the worker is stopped with SIGTERM, and started again 2 s later
   postgres-restart        PostgreSQL stops for 3 s (every connection cut), then starts
   redis-restart           Redis is killed for 10 s, then starts (empty)
+  hostile-one             a 9th endpoint of the brand answers 200 with NUL bytes in its body
+  hostile-several         5 more endpoints answer: NUL bytes, a gzip bomb (256 MiB inflated),
+                          bytes that are not HTTP, 300 headers of 8 KB, a body that drips
+  listen-terminated       every LISTEN connection is terminated by PostgreSQL
+                          (pg_terminate_backend), three times, 2 s apart
+  make-run-worker-kill    under `make run` (scripts/run.py), its worker is SIGKILLed; run.py
+                          must start it again by itself (the API answering throughout)
 
 and measures, once the fault is over: every postback the API accepted (201) must reach each
-endpoint. Per scenario: events, expected deliveries, delivered, lost, duplicates (a delivery
-the receiver accepted with a 2xx more than once; a retry after a 500 or a timeout is not one)
-and how many of those the fault allows (attempts in flight at a kill -9), and the seconds from
-the fault's end until the whole backlog is delivered.
+healthy endpoint (a hostile one's deliveries are recorded, not counted here: they are
+tests/test_hostile_receivers.py's). Per scenario: events, expected deliveries, delivered,
+lost, duplicates (a delivery the receiver accepted with a 2xx more than once; a retry after a
+500 or a timeout is not one) and how many of those the fault allows (attempts in flight at a
+kill -9), and the seconds from the fault's end until the whole backlog is delivered.
 Targets: lost 0 everywhere; duplicates only where allowed; recovery within the largest retry
 interval in use plus 10 s.
 
@@ -30,7 +38,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -64,7 +74,15 @@ SCENARIOS = (
     "worker-sigterm",
     "postgres-restart",
     "redis-restart",
+    "hostile-one",
+    "hostile-several",
+    "listen-terminated",
+    "make-run-worker-kill",
 )
+HOSTILE = {
+    "hostile-one": ("/nul",),
+    "hostile-several": ("/nul", "/gzip-bomb", "/not-http", "/header-flood", "/drip"),
+}
 
 _OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 _FAIL = b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 4\r\n\r\nboom"
@@ -180,12 +198,92 @@ class Load:
             self._stop.wait(max(0.0, next_at - time.monotonic()))
 
 
+def terminate_listeners(url: str) -> int:
+    """PostgreSQL ends every wake-up listener's connection (services/wakeups.py)."""
+    import psycopg
+
+    with psycopg.connect(
+        url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True
+    ) as admin:
+        return admin.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE application_name LIKE '%listener'"
+        ).fetchone()[0]
+
+
+def start_make_run(processes: Processes, env: dict[str, str]):
+    """`make run`'s supervisor (scripts/run.py) on the run's PostgreSQL and Redis; its URL."""
+    port = free_port()
+    state = processes.workdir / "make-run-state"
+    state.mkdir(exist_ok=True)
+    supervisor = processes.start(
+        "make-run",
+        [sys.executable, str(ROOT / "scripts" / "run.py")],
+        {**env, "PORT": str(port), "RUN_STATE_DIR": str(state)},
+    )
+    base = f"http://127.0.0.1:{port}"
+    until = time.monotonic() + 120
+    while time.monotonic() < until:
+        try:
+            _get(f"{base}/healthz", timeout=2)
+            if make_run_worker(supervisor.pid) is not None:
+                return supervisor, base
+        except OSError:
+            pass
+        if supervisor.poll() is not None:
+            raise RuntimeError("make run exited:\n" + processes.log_of(supervisor))
+        time.sleep(0.2)
+    raise RuntimeError("make run did not serve in 120 s")
+
+
+def make_run_worker(supervisor_pid: int) -> int | None:
+    """The pid of the `flask worker` that run.py started, if one runs."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            command = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if int(stat[1]) == supervisor_pid and b"worker" in command:
+            return int(entry.name)
+    return None
+
+
+class HealthWatch:
+    """GET /healthz every 0.1 s from a thread: how many checks, how many failed."""
+
+    def __init__(self, base: str) -> None:
+        self.base = base
+        self.checks = self.failures = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.checks += 1
+            try:
+                _get(f"{self.base}/healthz", timeout=2)
+            except OSError:
+                self.failures += 1
+            self._stop.wait(0.1)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def __str__(self) -> str:
+        return f"{self.checks - self.failures}/{self.checks} answered"
+
+
 def run(workdir: Path, processes: Processes, args) -> dict:
     from sqlalchemy import func, select
 
     from app import create_app
     from extensions import db
-    from models import WebhookDelivery
+    from models import DeliveryLease, WebhookDelivery
     from services.api_keys import create_api_key
     from services.brands import create_brand
     from services.endpoint_urls import UrlPolicy
@@ -220,9 +318,16 @@ def run(workdir: Path, processes: Processes, args) -> dict:
                 break
             except OSError:
                 time.sleep(0.1)
-        base, _ = start_gunicorn(
+        base, gunicorn = start_gunicorn(
             processes, "gunicorn", "app:create_app()", environ, MAKE_RUN_GUNICORN
         )
+        hostile_process = processes.start(
+            "hostile",
+            [sys.executable, "-m", "tests.hostile_receiver", "0"],
+            environ,
+            stdout=subprocess.PIPE,
+        )
+        hostile = "http://127.0.0.1:" + hostile_process.stdout.readline().split()[1].decode()
 
         def start_worker():
             argv = [sys.executable, "-m", "flask", "--app", "app", "worker"]
@@ -230,7 +335,7 @@ def run(workdir: Path, processes: Processes, args) -> dict:
 
         worker = start_worker()
 
-        def pending_of(brand: str) -> tuple[int, int]:
+        def pending_of(endpoints: list[str]) -> tuple[int, int]:
             for _ in range(50):
                 try:
                     with app.app_context():
@@ -238,7 +343,7 @@ def run(workdir: Path, processes: Processes, args) -> dict:
                             select(
                                 func.count(),
                                 func.count().filter(WebhookDelivery.status == "delivered"),
-                            ).where(WebhookDelivery.brand_id == brand)
+                            ).where(WebhookDelivery.endpoint_id.in_(endpoints))
                         ).one()
                         db.session.remove()
                         return total, delivered
@@ -253,10 +358,9 @@ def run(workdir: Path, processes: Processes, args) -> dict:
             with app.app_context():
                 held = set(
                     db.session.scalars(
-                        select(WebhookDelivery.id).where(
-                            WebhookDelivery.brand_id == brand,
-                            WebhookDelivery.lease_token.is_not(None),
-                        )
+                        select(WebhookDelivery.id)
+                        .join(DeliveryLease, DeliveryLease.delivery_id == WebhookDelivery.id)
+                        .where(WebhookDelivery.brand_id == brand)
                     )
                 )
                 db.session.remove()
@@ -270,15 +374,31 @@ def run(workdir: Path, processes: Processes, args) -> dict:
                 key = create_api_key(
                     brand_id=brand, name="chaos", scopes=("read", "write"), created_by="bench"
                 ).secret
-                for number in range(ENDPOINTS):
+                local = UrlPolicy(https_only=False, allow_local=True)
+                healthy = [
                     register_endpoint(
                         brand_id=brand,
                         url=f"{receiver}/{scenario}/{number}",
                         events=["conversion.recorded"],
-                        policy=UrlPolicy(https_only=False, allow_local=True),
+                        policy=local,
+                    ).id
+                    for number in range(ENDPOINTS)
+                ]
+                for path in HOSTILE.get(scenario, ()):
+                    register_endpoint(
+                        brand_id=brand,
+                        url=f"{hostile}{path}",
+                        events=["conversion.recorded"],
+                        policy=local,
                     )
                 db.session.commit()
+            if scenario == "make-run-worker-kill":
+                # From here on, `make run` serves the API and runs the worker.
+                processes.stop(worker)
+                processes.stop(gunicorn)
+                supervisor, base = start_make_run(processes, worker_env)
             log(f"{scenario}: steady load")
+            extra: dict = {}
             load = Load(base, brand, key)
             load.start()
             time.sleep(5)
@@ -313,6 +433,31 @@ def run(workdir: Path, processes: Processes, args) -> dict:
                 redis_server.stop()
                 time.sleep(10 if not args.quick else 5)
                 redis_server.start()
+            elif scenario in HOSTILE:
+                time.sleep(fault_seconds)  # the hostile answers go on; this is how long
+            elif scenario == "listen-terminated":
+                for _ in range(3):
+                    terminated = terminate_listeners(postgres.url)
+                    log(f"{scenario}: terminated {terminated} LISTEN connection(s)")
+                    time.sleep(2)
+            elif scenario == "make-run-worker-kill":
+                child = make_run_worker(supervisor.pid)
+                health = HealthWatch(base)
+                os.kill(child, signal.SIGKILL)
+                allowed = leased_ids(brand)
+                restarted = None
+                until = time.monotonic() + 60
+                while restarted is None and time.monotonic() < until:
+                    found = make_run_worker(supervisor.pid)
+                    restarted = found if found not in (None, child) else None
+                    time.sleep(0.1)
+                if restarted is None:
+                    raise RuntimeError("make run did not start its worker again")
+                time.sleep(2)
+                health.stop()
+                log(f"{scenario}: worker {child} killed, {restarted} started; /healthz {health}")
+                extra["healthz_failures"] = health.failures
+                extra["healthz_checks"] = health.checks
             fault_over = time.monotonic()
             log(f"{scenario}: fault over; load goes on 3 s")
             time.sleep(3)
@@ -321,17 +466,17 @@ def run(workdir: Path, processes: Processes, args) -> dict:
             deadline = time.monotonic() + 120
             recovered_in = None
             while time.monotonic() < deadline:
-                total, delivered = pending_of(brand)
+                total, delivered = pending_of(healthy)
                 if delivered >= expected and total == expected:
                     recovered_in = time.monotonic() - fault_over
                     break
                 time.sleep(0.2)
-            total, delivered = pending_of(brand)
+            total, delivered = pending_of(healthy)
             stats = _get(f"{receiver}/_stats")
             with app.app_context():
                 ids = set(
                     db.session.scalars(
-                        select(WebhookDelivery.id).where(WebhookDelivery.brand_id == brand)
+                        select(WebhookDelivery.id).where(WebhookDelivery.endpoint_id.in_(healthy))
                     )
                 )
                 db.session.remove()
@@ -352,6 +497,7 @@ def run(workdir: Path, processes: Processes, args) -> dict:
                 "duplicates_allowed": len(allowed),
                 "unexpected_duplicates": len(duplicates - allowed),
                 "recovery_seconds": round(recovered_in, 1) if recovered_in is not None else None,
+                **extra,
             }
             log(f"{scenario}: {results[scenario]}")
         target = max(int(n) for n in RETRY_SCHEDULE.split(",")) + 10
@@ -360,6 +506,7 @@ def run(workdir: Path, processes: Processes, args) -> dict:
             and r["unexpected_duplicates"] == 0
             and r["recovery_seconds"] is not None
             and r["recovery_seconds"] <= target
+            and r.get("healthz_failures", 0) == 0
             for r in results.values()
         )
         return {

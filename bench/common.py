@@ -36,6 +36,21 @@ def median_ms(run: Callable[[], object], rounds: int = ROUNDS) -> float:
     return round(statistics.median(samples), 2)
 
 
+def interleaved_medians_ms(runs: dict[str, Callable[[], object]], rounds: int = ROUNDS) -> dict:
+    """Median wall time in milliseconds of each of `runs`, taken in turns (one of each per round,
+    after one warm-up call each): a spell of load on the shared machine then slows every case
+    it meets alike, so their ratios hold even when the figures move."""
+    for run in runs.values():
+        run()
+    samples: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            started = time.perf_counter()
+            run()
+            samples[name].append((time.perf_counter() - started) * 1000)
+    return {name: round(statistics.median(values), 2) for name, values in samples.items()}
+
+
 @contextmanager
 def migrated_app_on_postgresql(prefix: str) -> Iterator[tuple[object, str]]:
     """(app, psycopg DSN) on a new PostgreSQL database with the migrations applied; the
@@ -195,10 +210,12 @@ def start_gunicorn(
 class HttpRequests(asyncio.Protocol):
     """The server side of a bare HTTP/1.1 keep-alive connection, for the benchmarks' asyncio
     receivers (far faster than any sender, so they never cap a figure): each request's head is
-    parsed, its body skipped, and `handle` answers it on `self.transport`, at once or later."""
+    parsed, its body kept in `self.body`, and `handle` answers it on `self.transport`, at once
+    or later."""
 
     def __init__(self) -> None:
         self.buffer = b""
+        self.body = b""
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport) -> None:
@@ -221,6 +238,7 @@ class HttpRequests(asyncio.Protocol):
             end = head_end + 4 + int(headers.get(b"content-length", b"0"))
             if len(self.buffer) < end:
                 return
+            self.body = self.buffer[head_end + 4 : end]
             self.buffer = self.buffer[end:]
             method, target, _ = head[0].split(b" ", 2)
             self.handle(method, target.decode(), headers)

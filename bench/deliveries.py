@@ -281,6 +281,7 @@ def measure_ceiling(app, conn, control, receiver_url: str, endpoint_id: str) -> 
             timestamp=int(time.time()),
             raw_body=body,
             event_name=name,
+            event_id=delivery_id,
             delivery_id=delivery_id,
         )
         response = session.post(url, data=body, headers=headers, timeout=10)

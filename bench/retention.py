@@ -108,20 +108,23 @@ ATTEMPT_HEADERS = json.dumps(
 # One day of deliveries, 31 to 30 days old; ids and times in creation order.
 LOAD_SQL = [
     """
-    INSERT INTO webhook_events (id, brand_id, name, body, created_at)
+    INSERT INTO webhook_events (id, brand_id, name, body, created_at, subject_type, subject_id,
+                                sequence)
     SELECT 'evt_old' || lpad(i::text, 8, '0'), %(brand)s, 'conversion.recorded', %(body)s,
-           now() - interval '31 days' + i * (interval '1 day' / %(rows)s)
+           now() - interval '31 days' + i * (interval '1 day' / %(rows)s),
+           'conversion', 'conv_old' || lpad(i::text, 8, '0'), 1
     FROM generate_series(0, %(rows)s - 1) AS i
     """,
     """
     INSERT INTO webhook_deliveries (id, brand_id, endpoint_id, event_id, event_name, status,
-        http_status, attempt_count, last_error, delivered_at, created_at)
+        http_status, attempt_count, last_error, delivered_at, failed_at, created_at)
     SELECT 'whd_old' || substr(id, 8), brand_id, %(endpoint)s, id, name,
            CASE WHEN failed THEN 'failed' ELSE 'delivered' END,
            CASE WHEN failed THEN 500 ELSE 200 END,
            CASE WHEN failed THEN 8 ELSE 1 END,
            CASE WHEN failed THEN 'HTTP 500' END,
            CASE WHEN failed THEN NULL ELSE created_at + interval '40 ms' END,
+           CASE WHEN failed THEN created_at + interval '27 hours' END,
            created_at
     FROM (SELECT *, substr(id, 8)::int %% 100 = 0 AS failed FROM webhook_events
           WHERE id LIKE 'evt_old%%') AS event
@@ -135,6 +138,18 @@ LOAD_SQL = [
     WHERE d.id LIKE 'whd_old%%'
     """,
 ]
+# Deliveries the purge keeps (created over the last 29 days): the rest of a large table, so
+# that the purge and the postbacks run against `--kept-rows` more rows (issue 35: 10M in all).
+KEPT_SQL = [
+    statement.replace("evt_old", "evt_new")
+    .replace("whd_old", "whd_new")
+    .replace("'conv_old'", "'conv_new'")
+    .replace(
+        "now() - interval '31 days' + i * (interval '1 day' / %(rows)s)",
+        "now() - interval '29 days' + i * (interval '29 days' / %(rows)s)",
+    )
+    for statement in LOAD_SQL
+]
 COUNT_OLD_SQL = """
     SELECT (SELECT count(*) FROM webhook_deliveries WHERE id LIKE 'whd_old%%'),
            (SELECT count(*) FROM webhook_attempts WHERE delivery_id LIKE 'whd_old%%'),
@@ -146,7 +161,7 @@ LOCK_WAIT_SQL = """
 """
 
 
-def load_old_deliveries(conninfo: str, data: dict, rows: int) -> dict:
+def load_old_deliveries(conninfo: str, data: dict, rows: int, kept: int = 0) -> dict:
     import psycopg
 
     started = time.perf_counter()
@@ -158,6 +173,12 @@ def load_old_deliveries(conninfo: str, data: dict, rows: int) -> dict:
         "headers": ATTEMPT_HEADERS,
     }
     with psycopg.connect(conninfo, autocommit=True) as connection:
+        if kept:
+            for statement in KEPT_SQL:
+                connection.execute(statement, {**params, "rows": kept})
+            log(
+                f"loaded {kept} deliveries the purge keeps in {time.perf_counter() - started:.0f} s"
+            )
         for statement in LOAD_SQL:
             connection.execute(statement, params)
         for table in ("webhook_events", "webhook_deliveries", "webhook_attempts"):
@@ -260,7 +281,7 @@ def explain_batch(app, brand_id: str, batch_size: int) -> None:
         db.session.rollback()
 
 
-def check(conninfo: str, runs: list[dict]) -> list[str]:
+def check(conninfo: str, runs: list[dict], kept: int = 0) -> list[str]:
     import psycopg
 
     problems = []
@@ -268,11 +289,17 @@ def check(conninfo: str, runs: list[dict]) -> list[str]:
         left = connection.execute(COUNT_OLD_SQL).fetchone()
         conversions, events, deliveries = connection.execute(
             "SELECT (SELECT count(*) FROM conversions),"
-            " (SELECT count(*) FROM webhook_events WHERE name = 'conversion.recorded'),"
-            " (SELECT count(*) FROM webhook_deliveries)"
+            " (SELECT count(*) FROM webhook_events WHERE name = 'conversion.recorded'"
+            "  AND id NOT LIKE 'evt_new%'),"
+            " (SELECT count(*) FROM webhook_deliveries WHERE id NOT LIKE 'whd_new%')"
         ).fetchone()
+        still_kept = connection.execute(
+            "SELECT count(*) FROM webhook_deliveries WHERE id LIKE 'whd_new%'"
+        ).fetchone()[0]
     if any(left):
         problems.append(f"old rows left (deliveries, attempts, events): {left}")
+    if still_kept != kept:
+        problems.append(f"{kept - still_kept} of the {kept} recent deliveries were deleted")
     if not conversions == events == deliveries:
         problems.append(
             f"postbacks' rows not all kept: {conversions} conversions, {events} events, "
@@ -300,7 +327,7 @@ def run(args, workdir: Path, processes: Processes) -> dict:
         try:
             data = make_data(app)
             args.api_key = data["api_key"]
-            loaded = load_old_deliveries(conninfo, data, args.rows)
+            loaded = load_old_deliveries(conninfo, data, args.rows, args.kept_rows)
             explain_batch(app, data["brand_id"], args.batch_size)
             env = child_environment(app)
             postback_ceiling.create_table(env["DATABASE_URL"])
@@ -359,7 +386,7 @@ def run(args, workdir: Path, processes: Processes) -> dict:
 
             app_log = processes.log_path_of(app_server)
             processes.stop_all()
-            problems = check(conninfo, runs)
+            problems = check(conninfo, runs, args.kept_rows)
             errors = logged_errors(app_log)
             if errors:
                 problems.append(f"the app server logged {len(errors)} errors, first: {errors[0]}")
@@ -423,6 +450,9 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=ROWS, help="expired deliveries to load")
+    parser.add_argument(
+        "--kept-rows", type=int, default=0, help="recent deliveries the purge keeps, loaded first"
+    )
     parser.add_argument("--batch-size", type=int, default=BATCH_SIZE, help="rows per transaction")
     parser.add_argument(
         "--rest-ratio",

@@ -17,51 +17,47 @@ FAILED = "failed"
 DELIVERY_STATUSES = (PENDING, DELIVERED, FAILED)
 ERROR_MAX_LENGTH = 500
 RESPONSE_BODY_MAX_BYTES = 2048
+RESPONSE_HEADERS_MAX = 32
+RESPONSE_HEADER_MAX_CHARS = 256
 
-_PENDING_ONLY = text("status = 'pending'")
+_FAILED_ONLY = text("failed_at IS NOT NULL")
+# Room left in each page for the new version of its rows' one update (`delivered`).
+FILLFACTOR = 85
 
 
 class WebhookDelivery(Model):
     __tablename__ = "webhook_deliveries"
     __table_args__ = (
+        # Only columns that never change are indexed (and `failed_at`, set once in a rare
+        # case), so that the one update most deliveries get, `delivered`, is a HOT update:
+        # no index is written, and the page's free space (fillfactor) takes the new version.
+        # What is pending lives in webhook_delivery_queue and webhook_delivery_leases.
+        #
         # The delivery log (fetch-deliveries): a brand's rows newest (or oldest) first, alone or
-        # filtered by status, event or endpoint; each filter has an index in the sort order.
+        # filtered by event or endpoint (an endpoint's rows are all one brand's).
         Index("ix_webhook_deliveries_brand_created", "brand_id", "created_at", "id"),
-        Index("ix_webhook_deliveries_brand_status", "brand_id", "status", "created_at", "id"),
         Index("ix_webhook_deliveries_brand_event", "brand_id", "event_name", "created_at", "id"),
+        Index("ix_webhook_deliveries_endpoint_created", "endpoint_id", "created_at", "id"),
+        # What failed, by brand and by endpoint (status=failed, recover, the dashboard's
+        # failures): few rows, so small indexes.
         Index(
-            "ix_webhook_deliveries_brand_endpoint",
+            "ix_webhook_deliveries_brand_failed",
             "brand_id",
+            "created_at",
+            "id",
+            postgresql_where=_FAILED_ONLY,
+        ),
+        Index(
+            "ix_webhook_deliveries_endpoint_failed",
             "endpoint_id",
             "created_at",
             "id",
+            postgresql_where=_FAILED_ONLY,
         ),
         # An event's deliveries: retention deletes an event only once none refers to it, and
         # the foreign key's own check on that delete reads this index too.
         Index("ix_webhook_deliveries_event", "event_id"),
-        # Work to do: an endpoint's due deliveries (claims, disabling) and all due ones (sweeps).
-        # Partial, so they stay small however many delivered rows the log keeps.
-        Index(
-            "ix_webhook_deliveries_endpoint_due_order",
-            "endpoint_id",
-            "next_attempt_at",
-            "id",
-            postgresql_where=_PENDING_ONLY,
-        ),
-        Index(
-            "ix_webhook_deliveries_due",
-            "next_attempt_at",
-            postgresql_where=_PENDING_ONLY,
-        ),
-        # Attempts in flight: an endpoint's leased deliveries, counted at every claim to hold
-        # the per-endpoint limit across workers. Whatever their status: a delivery failed by a
-        # disable while its attempt is on the wire still holds its slot until recorded.
-        Index(
-            "ix_webhook_deliveries_endpoint_leased",
-            "endpoint_id",
-            "leased_until",
-            postgresql_where=text("lease_token IS NOT NULL"),
-        ),
+        {"postgresql_with": {"fillfactor": FILLFACTOR}},
     )
 
     id: Mapped[str] = mapped_column(
@@ -82,13 +78,13 @@ class WebhookDelivery(Model):
     attempt_count: Mapped[int] = mapped_column(Integer, default=0)
     last_error: Mapped[str | None] = mapped_column(String(ERROR_MAX_LENGTH), nullable=True)
     delivered_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
-    # When the next attempt is due; null once the delivery is settled.
+    # When the next attempt is due, as the log shows it; null once the delivery is settled. The
+    # delivery loop reads its own copy, in webhook_delivery_queue, written by the same
+    # statements.
     next_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
-    # A worker's claim, taken as its attempt starts and extended while it runs: no other worker
-    # attempts the delivery until the lease lapses, which it does within seconds of that worker
-    # dying. The result is written only under the token that took it.
-    leased_until: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
-    lease_token: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    # When it ended `failed` (null otherwise): the one indexed column that changes, and only for
+    # the few deliveries that fail.
+    failed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     # The newer delivery of the same event to the same endpoint (redeliver, recover): a failure
     # is recovered once.
     redelivered_as: Mapped[str | None] = mapped_column(id_column_type(), nullable=True)
@@ -140,6 +136,17 @@ class WebhookAttempt(Model):
     response_body: Mapped[str | None] = mapped_column(Text, nullable=True)
     # Exactly the headers sent (the signature is an HMAC, not the secret).
     request_headers: Mapped[dict] = mapped_column(JSON)
+    # What the receiver answered with, bounded and made safe to store (workers/answers.py):
+    # at most RESPONSE_HEADERS_MAX headers, each value at most RESPONSE_HEADER_MAX_CHARS.
+    response_headers: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    # The address connected to (CONTRACT 12.5), and where the attempt's time went: null where
+    # the attempt did not get that far or the step did not happen (no TLS over http, no
+    # lookup for an address in the URL, a kept-alive connection reused).
+    remote_address: Mapped[str | None] = mapped_column(String(45), nullable=True)
+    dns_ms: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    connect_ms: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    tls_ms: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    first_byte_ms: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
     @hybrid_property
     def failed(self) -> bool:

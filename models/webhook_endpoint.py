@@ -5,20 +5,26 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import ForeignKey, Index, Integer, String, Text, and_
+from sqlalchemy import ForeignKey, Index, Integer, String, Text, and_, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.hybrid import hybrid_property
 from sqlalchemy.orm import Mapped, mapped_column
 
 from extensions import Model
-from models.columns import UTCDateTime, id_column_type, new_id, utcnow
+from models.columns import ID_LENGTH, UTCDateTime, id_column_type, new_id, utcnow
 
 URL_MAX_LENGTH = 2048
 DESCRIPTION_MAX_LENGTH = 200
 DISABLED_REASON_MAX_LENGTH = 200
 # A rotation's overlap: the previous secret signs beside the new one for at most a week.
 MAX_OVERLAP_SECONDS = 604800
+# CONTRACT 12.2: how an endpoint's deliveries are ordered.
+NO_ORDERING = "none"
+SUBJECT_ORDERING = "subject"
+ORDERINGS = (NO_ORDERING, SUBJECT_ORDERING)
+# CONTRACT 12.3: at most this many campaigns in an endpoint's filter.
+MAX_CAMPAIGN_FILTER = 100
 
 
 class WebhookEndpoint(Model):
@@ -26,6 +32,14 @@ class WebhookEndpoint(Model):
     __table_args__ = (
         # fetch-endpoints and fan-out read a brand's endpoints that were not deleted.
         Index("ix_webhook_endpoints_brand_id_deleted_at", "brand_id", "deleted_at"),
+        # The delivery loop's claim: endpoints in the order they became ready
+        # (services/delivery_attempts.py).
+        Index(
+            "ix_webhook_endpoints_ready",
+            "ready_at",
+            "id",
+            postgresql_where=text("ready_at IS NOT NULL"),
+        ),
     )
 
     id: Mapped[str] = mapped_column(
@@ -54,6 +68,17 @@ class WebhookEndpoint(Model):
     # While the run of failures lasts, no attempt of it starts before this (the breaker's pause
     # between probes, the same for every worker: services/delivery_attempts.py).
     next_probe_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # The delivery loop's turn: from this time a claim may find an attempt to start here (null:
+    # nothing to do until something changes). A hint kept by every statement that adds work,
+    # ends an attempt or pauses the endpoint; never later than the truth
+    # (services/delivery_attempts.py says how publishers and claims keep it so).
+    ready_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # CONTRACT 12.2: "none", or "subject" (a subject's events one after another).
+    ordering: Mapped[str] = mapped_column(String(10), default=NO_ORDERING, server_default="none")
+    # CONTRACT 12.3: only events of these campaigns (null: every campaign's).
+    campaign_ids: Mapped[list[str] | None] = mapped_column(
+        postgresql.ARRAY(String(ID_LENGTH)), nullable=True
+    )
     disabled_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     disabled_reason: Mapped[str | None] = mapped_column(
         String(DISABLED_REASON_MAX_LENGTH), nullable=True

@@ -12,7 +12,14 @@ In order:
 3. `flask --app app demo seed --if-empty`: on the first run, prints the demo brand's id and a
    bootstrap token with a ready-to-paste curl command that creates the first API key.
 4. gunicorn (the API and dashboard on 127.0.0.1:$PORT) and one RQ worker, as child processes.
-5. Supervision: if either child dies, everything stops and this exits 1.
+5. Supervision: a child that dies (a crash, `kill -9`) is started again after a pause that
+   doubles from 1 s to 30 s while it keeps dying, and is back to 1 s once it has run for a
+   minute; one line says which died, how, and when it comes back. The other child goes on: the
+   API keeps answering while the worker restarts.
+
+A second `make run` of the same checkout (same state directory) while one runs says so, with
+the running one's pid and URL, whatever PORT it is given: the two would share one embedded
+database. A port some other program holds gets a free port to use instead.
 
 Stopping: Ctrl-C (SIGINT), SIGTERM or SIGHUP sends SIGTERM to gunicorn and the worker, waits up
 to 10 s for their graceful shutdowns, SIGKILLs whatever is left, then stops the embedded Redis
@@ -52,7 +59,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
 
@@ -71,6 +78,9 @@ STOP_TIMEOUT = 10.0  # seconds the children get for a graceful shutdown before S
 READY_TIMEOUT = 30.0  # how long to wait for gunicorn to listen before printing the banner anyway
 POLL_INTERVAL = 0.2
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+RESTART_FIRST_DELAY = 1.0  # seconds before a child that died is started again...
+RESTART_MAX_DELAY = 30.0  # ...doubling while it keeps dying, up to this
+STEADY_AFTER = 60.0  # a child that ran this long before dying starts over at the first delay
 
 
 class SetupFailed(Exception):
@@ -145,21 +155,68 @@ def read_port() -> int:
         raise SetupFailed(str(error)) from None
 
 
-def check_port_free(port: int) -> None:
-    """Fail in a second with a clear message, rather than after gunicorn's bind retries.
+def check_port_free(port: int, embedded: EmbeddedServers) -> None:
+    """Fail in a second with a clear message, rather than after gunicorn's bind retries: this
+    checkout's `make run` if it is the one on the port, else a port that is free now."""
+    error = port_taken(port)
+    if error is None:
+        return
+    running = None if embedded.locked else running_run(embedded.state_dir)
+    if running is not None and running.port == port:
+        raise SetupFailed(running.already_running())
+    free = next((other for other in range(port + 1, port + 100) if not port_taken(other)), None)
+    hint = f"use another port: PORT={free} make run" if free else "set PORT to a free port"
+    raise SetupFailed(
+        f"127.0.0.1:{port} is in use by another program ({error}), not by a `make run` of this "
+        f"checkout; {hint}"
+    )
 
-    SO_REUSEADDR as gunicorn sets it, so a socket in TIME_WAIT from the previous run does not
-    count as taken.
-    """
+
+def port_taken(port: int) -> str | None:
+    """Why 127.0.0.1:port cannot be bound, or None. SO_REUSEADDR as gunicorn sets it, so a
+    socket in TIME_WAIT from the previous run does not count as taken."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("127.0.0.1", port))
         except OSError as error:
-            raise SetupFailed(
-                f"127.0.0.1:{port} is not available ({error.strerror}); "
-                f"is another `make run` running? Use another port: PORT=5001 make run"
-            ) from None
+            return error.strerror or str(error)
+    return None
+
+
+@dataclass(frozen=True)
+class RunningRun:
+    """The `make run` holding a state directory's lock, as it wrote itself into the lock file."""
+
+    pid: int
+    url: str
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
+    def already_running(self) -> str:
+        return (
+            f"`make run` is already running (pid {self.pid}) at {self.url} (dashboard: "
+            f"{self.url}/dashboard). Use that one, or stop it first: Ctrl-C in its terminal, "
+            f"or kill {self.pid}."
+        )
+
+
+def running_run(state_dir: Path) -> RunningRun | None:
+    """The run that holds state_dir's lock now, if one does and says who it is."""
+    path = state_dir / "run.lock"
+    try:
+        with open(path) as lock_file:
+            try:
+                fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                held = json.loads(lock_file.read() or "{}")
+                return RunningRun(int(held["pid"]), str(held["url"]))
+            fcntl.flock(lock_file, fcntl.LOCK_UN)  # free: nobody runs there
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return None
+    return None
 
 
 # --- embedded servers ----------------------------------------------------------------------------
@@ -174,6 +231,7 @@ class EmbeddedServers:
 
     state_dir: Path
     advertise: bool
+    port: int
     postgres: EmbeddedPostgres | None = None
     redis: EmbeddedRedis | None = None
     database_url: str = ""
@@ -215,9 +273,14 @@ class EmbeddedServers:
         temporary.replace(marker)
         self._markers.append((marker, url))
 
+    @property
+    def locked(self) -> bool:
+        return self._lock_file is not None
+
     def _lock(self) -> None:
         """One run per state directory: two runs would share (and the first to stop would stop)
-        one server, and overwrite each other's markers."""
+        one server, and overwrite each other's markers. The lock file says who holds it, for
+        the next `make run` to tell the developer."""
         if self._lock_file is not None:
             return
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -226,12 +289,22 @@ class EmbeddedServers:
             fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             lock_file.close()
+            running = running_run(self.state_dir)
+            if running is not None:
+                raise SetupFailed(running.already_running()) from None
             raise SetupFailed(
                 f"another `make run` is already using the embedded servers in {self.state_dir}; "
                 "stop it first (or give this one DATABASE_URL and REDIS_URL, or RUN_STATE_DIR "
                 "and PORT)"
             ) from None
+        lock_file.truncate(0)
+        lock_file.write(json.dumps({"pid": os.getpid(), "url": f"http://127.0.0.1:{self.port}"}))
+        lock_file.flush()
         self._lock_file = lock_file
+
+    def claim(self) -> None:
+        """Take the state directory before anything starts, so that a second run stops first."""
+        self._lock()
 
     def stop(self) -> None:
         """Withdraw the markers, stop the servers, release the lock."""
@@ -347,8 +420,30 @@ def remind_of_the_demo_brand(env: dict[str, str]) -> None:
 
 @dataclass
 class Child:
+    """A long-running child: its command, and its current process (started again when it
+    dies, see `supervise`)."""
+
     name: str
-    process: subprocess.Popen
+    program: str
+    command: list[str]
+    env: dict[str, str]
+    process: subprocess.Popen = field(init=False)
+    started_at: float = field(init=False)
+    restart_delay: float = RESTART_FIRST_DELAY
+    restart_at: float | None = None  # while it waits to be started again
+
+    def start(self) -> None:
+        """In a process group of its own (see the module doc)."""
+        self.process = subprocess.Popen(
+            self.command, cwd=REPO, env=self.env, stdin=subprocess.DEVNULL, process_group=0
+        )
+        self.started_at = time.monotonic()
+        self.restart_at = None
+
+    @property
+    def label(self) -> str:
+        """`webhook worker (rq, pid 4242)`: the pid of its current (or last) process."""
+        return f"{self.name} ({self.program}, pid {self.process.pid})"
 
     def exited(self) -> bool:
         """Whether the child has exited, WITHOUT reaping it.
@@ -388,10 +483,10 @@ def fresh_metrics_dir(state_dir: Path) -> Path:
 
 
 def start_children(children: list[Child], env: dict[str, str], port: int) -> None:
-    """Start gunicorn and one RQ worker, each in a process group of its own (see the module
-    doc), appending each to `children` as soon as it exists so that cleanup always sees it."""
+    """Start gunicorn and one RQ worker, appending each to `children` as soon as it exists so
+    that cleanup always sees it."""
     commands = {
-        "web server (gunicorn)": [
+        ("web server", "gunicorn"): [
             sys.executable,
             "-m",
             "gunicorn",
@@ -406,13 +501,12 @@ def start_children(children: list[Child], env: dict[str, str], port: int) -> Non
             str(REPO / "gunicorn.conf.py"),
             *gunicorn_control_socket_args(),
         ],
-        "webhook worker (rq)": flask_command("worker"),
+        ("webhook worker", "rq"): flask_command("worker"),
     }
-    for name, command in commands.items():
-        process = subprocess.Popen(
-            command, cwd=REPO, env=env, stdin=subprocess.DEVNULL, process_group=0
-        )
-        children.append(Child(name, process))
+    for (name, program), command in commands.items():
+        child = Child(name, program, command, env)
+        child.start()
+        children.append(child)
 
 
 def gunicorn_control_socket_args() -> list[str]:
@@ -459,20 +553,18 @@ def announce(port: int, embedded: EmbeddedServers) -> None:
 
 
 def supervise(children: list[Child], signals: Signals, port: int, embedded: EmbeddedServers) -> int:
-    """Wait for a stop signal (returns 0) or a child's death (returns 1); announce once the
-    web server listens."""
+    """Until a stop signal (then returns 0): start again each child that dies, after its
+    back-off; announce once the web server listens."""
     deadline = time.monotonic() + READY_TIMEOUT
     announced = False
     while not signals.stop_requested:
+        now = time.monotonic()
         for child in children:
-            if child.exited():
-                code = child.reap()
-                say(
-                    f"run.py: the {child.name} exited unexpectedly (exit code {code}); "
-                    "stopping everything.",
-                    error=True,
-                )
-                return 1
+            if child.restart_at is None and child.exited():
+                schedule_restart(child, now)
+            elif child.restart_at is not None and now >= child.restart_at:
+                child.start()
+                say(f"run.py: the {child.label} is running again.")
         if not announced and (listening(port) or time.monotonic() > deadline):
             announce(port, embedded)
             announced = True
@@ -480,11 +572,37 @@ def supervise(children: list[Child], signals: Signals, port: int, embedded: Embe
     return 0
 
 
+def schedule_restart(child: Child, now: float) -> None:
+    """Reap a child that died, say so in one line, and set when it starts again."""
+    label = child.label
+    code = child.reap()
+    ran = now - child.started_at
+    if ran >= STEADY_AFTER:
+        child.restart_delay = RESTART_FIRST_DELAY
+    delay = child.restart_delay
+    child.restart_at = now + delay
+    child.restart_delay = min(delay * 2, RESTART_MAX_DELAY)
+    at = datetime.now() + timedelta(seconds=delay)
+    say(
+        f"run.py: the {label} {how_it_ended(code)} after {ran:.0f} s; "
+        f"starting it again in {delay:.0f} s (at {at:%H:%M:%S}).",
+        error=True,
+    )
+
+
+def how_it_ended(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-code).name}"
+        return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
 def stop_children(children: list[Child], signals: Signals) -> None:
     """SIGTERM each running child once (graceful: gunicorn drains its workers within
     --graceful-timeout, RQ finishes the job in hand), wait up to STOP_TIMEOUT (less on a
     second Ctrl-C), then SIGKILL the process groups that are left."""
-    running = [child for child in children if not child.exited()]
+    running = [child for child in children if child.restart_at is None and not child.exited()]
     for child in running:
         with contextlib.suppress(ProcessLookupError):
             child.process.send_signal(signal.SIGTERM)
@@ -495,7 +613,7 @@ def stop_children(children: list[Child], signals: Signals) -> None:
     for child in running:
         if not child.exited():
             reason = "asked twice" if signals.force else "did not stop in time"
-            say(f"The {child.name} {reason}: killing it.", error=True)
+            say(f"The {child.label} {reason}: killing it.", error=True)
     for child in children:
         child.reap()
 
@@ -511,11 +629,13 @@ def main() -> int:
     children: list[Child] = []
     try:
         port = read_port()
-        check_port_free(port)
         env = dict(os.environ)
         state_dir_setting = env.get("RUN_STATE_DIR", "").strip()
         state_dir = Path(state_dir_setting).resolve() if state_dir_setting else INSTANCE_DIR
-        embedded = EmbeddedServers(state_dir=state_dir, advertise=not state_dir_setting)
+        embedded = EmbeddedServers(state_dir=state_dir, advertise=not state_dir_setting, port=port)
+        if not (env.get("DATABASE_URL", "").strip() and env.get("REDIS_URL", "").strip()):
+            embedded.claim()  # a run of this checkout already going says so here
+        check_port_free(port, embedded)
         if not env.get(METRICS_DIR_VARIABLE, "").strip():
             env[METRICS_DIR_VARIABLE] = str(fresh_metrics_dir(state_dir))
         database_url = env.get("DATABASE_URL", "").strip()

@@ -4,25 +4,55 @@ section 4, CONTRACT 4), and ending an endpoint's pending deliveries."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import cast
 
 from flask import current_app
-from sqlalchemy import CursorResult, false, func, not_, select, text, update
+from sqlalchemy import func, literal, not_, select, text, tuple_, union_all
 
 from extensions import db
-from models import WebhookAttempt, WebhookDelivery, WebhookEndpoint, WebhookEvent
-from models.columns import utcnow
-from models.paging import DESCENDING
+from models import (
+    DeliveryLease,
+    QueuedDelivery,
+    WebhookAttempt,
+    WebhookDelivery,
+    WebhookEndpoint,
+    WebhookEvent,
+)
+from models.columns import id_time, utcnow
+from models.paging import ASCENDING, DESCENDING
 from models.webhook_delivery import DELIVERED, FAILED, PENDING
 from services.errors import NotFound, ValidationFailed
 from services.events import deliver_again
 from services.pagination import Page, paginate
 from services.record_reads import in_creation_order
+from services.retention import retention_period
 
 # How far back recover reaches (CONTRACT 8.3).
 RECOVER_WINDOW = timedelta(days=14)
+
+# A delivery's state in the dashboard's words: its status, with `pending` told apart by whether
+# an attempt failed already. The API keeps SPEC's three statuses and its `retrying` flag.
+WAITING, RETRYING = "waiting", "retrying"
+DELIVERY_STATES = (WAITING, RETRYING, DELIVERED, FAILED)
+
+
+def delivery_state(status: str, retrying: bool) -> str:
+    """`waiting` (pending, no attempt yet), `retrying` (pending after a failed attempt:
+    `WebhookDelivery.is_retrying`), `delivered` or `failed`."""
+    if status != PENDING:
+        return status
+    return RETRYING if retrying else WAITING
+
+
+def count_states(rows: Iterable[tuple[str, bool, int]]) -> dict[str, int]:
+    """Counts by (status, is_retrying), as a query grouped by both gives them, by state: every
+    state, in DELIVERY_STATES' order."""
+    counts = dict.fromkeys(DELIVERY_STATES, 0)
+    for status, retrying, count in rows:
+        counts[delivery_state(status, retrying)] += count
+    return counts
 
 
 @dataclass(frozen=True)
@@ -30,10 +60,22 @@ class DeliveryDetail:
     delivery: WebhookDelivery
     attempts: list[WebhookAttempt]
     payload: dict
+    # The body exactly as every attempt sent it (the payload is its parsed form).
+    body: str
 
     def __getattr__(self, name: str):
-        # The detail is the delivery plus two fields; schemas read the rest from it.
+        # The detail is the delivery plus three fields; schemas read the rest from it.
         return getattr(self.delivery, name)
+
+
+@dataclass(frozen=True)
+class DeliveryPage(Page):
+    """A page of the delivery log, and the cursor to read on from it."""
+
+    # Pass it as `after` next: the page's last delivery, or `after` itself when none came.
+    next_after: str | None = None
+    # `after` was a delivery retention has deleted: the list goes on from its creation time.
+    cursor_expired: bool = False
 
 
 def list_deliveries(
@@ -47,22 +89,162 @@ def list_deliveries(
     event_id: str | None = None,
     endpoint_id: str | None = None,
     sort_order: str = DESCENDING,
-) -> Page:
-    statement = select(WebhookDelivery).where(WebhookDelivery.brand_id == brand_id)
-    if status is not None:
-        statement = statement.where(WebhookDelivery.status == status)
+    after: str | None = None,
+    now: datetime | None = None,
+) -> DeliveryPage:
+    """The brand's deliveries that match the filters, in creation order (`sort_order`), after
+    the delivery `after` in that order if given, one page of them.
+
+    Every filter reads an index of its own (see `_log_conditions`), and the page's place is
+    found in the index alone: the rows an OFFSET skips are index entries, never table rows, and
+    only the page's rows are read from the table. So a deep page costs a walk of the index up
+    to it (about 50,000 entries for page 500 of 100: bench/delivery_log.py), and `after` costs
+    nothing more than page 1.
+
+    :raise NotFound: `after` is not a delivery of the brand (and not one retention deleted).
+    """
+    conditions = _log_conditions(
+        brand_id,
+        status=status,
+        retrying=retrying,
+        event_name=event_name,
+        event_id=event_id,
+        endpoint_id=endpoint_id,
+    )
+    cursor = _cursor(brand_id, after, now) if after is not None else None
+    if cursor is not None:
+        conditions.append(_after(cursor, sort_order))
+    # The page's keys, read from the index in order; then only those rows from the table.
+    keys = in_creation_order(
+        select(WebhookDelivery.id, WebhookDelivery.created_at).where(*conditions),
+        WebhookDelivery,
+        sort_order,
+    )
+
+    def one_page(offset: int, size: int):
+        listed = keys.offset(offset).limit(size).subquery()
+        return in_creation_order(
+            select(WebhookDelivery).join(listed, listed.c.id == WebhookDelivery.id),
+            WebhookDelivery,
+            sort_order,
+        )
+
+    listed = paginate(one_page, page=page, limit=limit, count=keys)
+    return DeliveryPage(
+        items=listed.items,
+        page=listed.page,
+        limit=listed.limit,
+        total=listed.total,
+        total_exact=listed.total_exact,
+        next_after=listed.items[-1].id if listed.items else after,
+        cursor_expired=cursor is not None and cursor.expired,
+    )
+
+
+# `failed` is the one status with an index: the partial ones on `failed_at IS NOT NULL`. Every
+# statement that settles a delivery sets `failed_at` exactly when it makes it `failed` (and
+# clears it otherwise), so the condition that reads those indexes is this one, not the status.
+_FAILED = WebhookDelivery.failed_at.is_not(None)
+
+
+def _log_conditions(
+    brand_id: str,
+    *,
+    status: str | None,
+    retrying: bool | None,
+    event_name: str | None,
+    event_id: str | None,
+    endpoint_id: str | None,
+) -> list:
+    """The WHERE of the log's filters, each written so that PostgreSQL reads it from an index
+    of webhook_deliveries in creation order (models/webhook_delivery.py):
+
+    - the brand's log: (brand_id, created_at, id); `eventName`: (brand_id, event_name, ...);
+    - `endpointId`: (endpoint_id, created_at, id), with the endpoint's brand checked once (an
+      endpoint's deliveries are all its brand's), so the index alone answers;
+    - `status=failed`: the partial failed indexes, by brand or by endpoint (`_FAILED`);
+    - `status=pending`, `retrying=true`: the pending work of the brand's endpoints, from
+      webhook_delivery_queue and webhook_delivery_leases, where every pending delivery is;
+      the delivery's own columns then say which are pending and retrying;
+    - `eventId`: (event_id).
+    `status=delivered` and `retrying=false` match most of the log and have no index of their
+    own: they read the log's rows in order and keep the ones that match.
+    """
+    conditions: list  # SQL expressions, hybrid properties' included
+    if endpoint_id is None:
+        conditions = [WebhookDelivery.brand_id == brand_id]
+    else:
+        endpoint_brand = select(WebhookEndpoint.brand_id).where(WebhookEndpoint.id == endpoint_id)
+        # An uncorrelated subquery: PostgreSQL checks it once, before reading the index.
+        conditions = [
+            WebhookDelivery.endpoint_id == endpoint_id,
+            endpoint_brand.scalar_subquery() == brand_id,
+        ]
+    if status == FAILED:
+        conditions.append(_FAILED)
+    elif status is not None:
+        conditions.append(WebhookDelivery.status == status)
+    if status == PENDING or retrying:
+        conditions.append(WebhookDelivery.id.in_(_pending_work(brand_id, endpoint_id)))
     if retrying is not None:
         is_retrying = WebhookDelivery.is_retrying
-        statement = statement.where(is_retrying if retrying else not_(is_retrying))
+        conditions.append(is_retrying if retrying else not_(is_retrying))
     if event_name is not None:
-        statement = statement.where(WebhookDelivery.event_name == event_name)
+        conditions.append(WebhookDelivery.event_name == event_name)
     if event_id is not None:
-        statement = statement.where(*_of_event(brand_id, event_id))
-    if endpoint_id is not None:
-        statement = statement.where(WebhookDelivery.endpoint_id == endpoint_id)
-    return paginate(
-        in_creation_order(statement, WebhookDelivery, sort_order), page=page, limit=limit
+        conditions.append(WebhookDelivery.event_id == event_id)
+    return conditions
+
+
+def _pending_work(brand_id: str, endpoint_id: str | None = None):
+    """The ids of the pending deliveries of the brand's endpoints (or of one): each is queued
+    for its next attempt or leased for the one on the wire (models/delivery_queue.py), two
+    tables as small as the work waiting, where the log holds every delivery ever made."""
+    endpoints = (
+        [endpoint_id]
+        if endpoint_id is not None
+        else select(WebhookEndpoint.id).where(WebhookEndpoint.brand_id == brand_id)
     )
+    return union_all(
+        select(QueuedDelivery.delivery_id).where(QueuedDelivery.endpoint_id.in_(endpoints)),
+        select(DeliveryLease.delivery_id).where(DeliveryLease.endpoint_id.in_(endpoints)),
+    )
+
+
+@dataclass(frozen=True)
+class _Cursor:
+    created_at: datetime
+    delivery_id: str
+    expired: bool
+
+
+def _cursor(brand_id: str, after: str, now: datetime | None) -> _Cursor:
+    """Where the log resumes after the delivery `after`. One retention deleted (its id tells
+    when it was made, and that is older than what is kept) resumes from that time, as the events
+    feed does (CONTRACT 11.1).
+
+    :raise NotFound: `after` is no delivery of the brand, and not an expired one."""
+    created_at = db.session.scalar(
+        select(WebhookDelivery.created_at).where(
+            WebhookDelivery.id == after, WebhookDelivery.brand_id == brand_id
+        )
+    )
+    if created_at is not None:
+        return _Cursor(created_at=created_at, delivery_id=after, expired=False)
+    made_at = id_time(after)
+    if made_at is not None and made_at < (now or utcnow()) - retention_period():
+        return _Cursor(created_at=made_at, delivery_id=after, expired=True)
+    raise NotFound(f"No webhook delivery with id {after!r} in this brand")
+
+
+def _after(cursor: _Cursor, sort_order: str):
+    """The rows after the cursor in the list's order: a range of the same index, by the row
+    comparison PostgreSQL matches against (created_at, id)."""
+    key = tuple_(WebhookDelivery.created_at, WebhookDelivery.id)
+    position = tuple_(
+        literal(cursor.created_at, WebhookDelivery.created_at.type), cursor.delivery_id
+    )
+    return key > position if sort_order == ASCENDING else key < position
 
 
 @dataclass(frozen=True)
@@ -93,7 +275,7 @@ def delivery_health(brand_id: str, *, since: datetime) -> DeliveryHealth:
     )
     pending, retrying = db.session.execute(
         select(func.count(), func.count().filter(WebhookDelivery.is_retrying)).where(
-            WebhookDelivery.brand_id == brand_id, WebhookDelivery.status == PENDING
+            WebhookDelivery.id.in_(_pending_work(brand_id)), WebhookDelivery.status == PENDING
         )
     ).one()
     failed_attempts = db.session.execute(
@@ -116,20 +298,6 @@ def delivery_health(brand_id: str, *, since: datetime) -> DeliveryHealth:
         waiting=pending - retrying,
         failed_attempts=failed_attempts,
     )
-
-
-def _of_event(brand_id: str, event_id: str) -> tuple:
-    """Conditions for the deliveries of one of the brand's events. Deliveries have no index on
-    their event (it would cost every delivery written); an event's deliveries are made with it
-    or later (redeliveries), so its time bounds the rows of the brand's log to read."""
-    created_at = db.session.scalar(
-        select(WebhookEvent.created_at).where(
-            WebhookEvent.id == event_id, WebhookEvent.brand_id == brand_id
-        )
-    )
-    if created_at is None:
-        return (false(),)
-    return (WebhookDelivery.created_at >= created_at, WebhookDelivery.event_id == event_id)
 
 
 def _longest_delivery_life() -> timedelta:
@@ -186,7 +354,7 @@ def get_delivery_detail(brand_id: str, delivery_id: str) -> DeliveryDetail:
     body = db.session.execute(
         select(WebhookEvent.body).where(WebhookEvent.id == delivery.event_id)
     ).scalar_one()
-    return DeliveryDetail(delivery=delivery, attempts=attempts, payload=json.loads(body))
+    return DeliveryDetail(delivery=delivery, attempts=attempts, payload=json.loads(body), body=body)
 
 
 def redeliver(*, brand_id: str, delivery_id: str, now: datetime | None = None) -> str:
@@ -228,7 +396,7 @@ def send_event_again(
     newest = db.session.scalar(
         select(WebhookDelivery.id)
         .where(
-            *_of_event(brand_id, event_id),
+            WebhookDelivery.event_id == event_id,
             WebhookDelivery.brand_id == brand_id,
             WebhookDelivery.endpoint_id == endpoint.id,
         )
@@ -282,7 +450,7 @@ def recover_failed_deliveries(
         .where(
             WebhookDelivery.brand_id == brand_id,
             WebhookDelivery.endpoint_id == endpoint.id,
-            WebhookDelivery.status == FAILED,
+            _FAILED,  # the endpoint's failed index
             WebhookDelivery.redelivered_as.is_(None),
             WebhookDelivery.created_at >= since,
             WebhookDelivery.created_at < until,
@@ -331,17 +499,3 @@ def _endpoint_taking_deliveries(
     if not endpoint.is_active:
         raise NotFound(f"{subject} is disabled; re-enable it with update-endpoint first")
     return endpoint
-
-
-def fail_pending_deliveries(endpoint_id: str, *, error: str) -> int:
-    """End every pending delivery of the endpoint as `failed`; how many. One whose attempt is
-    in flight keeps its lease: the attempt still counts against the endpoint's limit, and its
-    worker records it (services/delivery_attempts.py) when it ends."""
-    result = db.session.execute(
-        update(WebhookDelivery)
-        .where(WebhookDelivery.endpoint_id == endpoint_id, WebhookDelivery.status == PENDING)
-        .values(status=FAILED, last_error=error, next_attempt_at=None)
-        .execution_options(synchronize_session=False)
-    )
-    # Session.execute is typed for any statement; an UPDATE's result is a CursorResult.
-    return cast(CursorResult, result).rowcount

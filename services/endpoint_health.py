@@ -22,18 +22,11 @@ from sqlalchemy import case, func, select, update
 from extensions import db
 from models import WebhookEndpoint
 from schemas.events import event_data
-from services.deliveries import fail_pending_deliveries
+from services.delivery_queue import PROBING_AFTER_FAILURES, fail_pending_deliveries
 from services.events import publish_event
 
 ENDPOINT_FAILING = "webhook.endpoint_failing"
 ENDPOINT_DISABLED = "webhook.endpoint_disabled"
-
-# An endpoint whose last this many attempts failed in a row is probed with one attempt at a time
-# (a half-open circuit breaker), whatever WEBHOOK_ENDPOINT_CONCURRENCY allows a healthy one: a
-# receiver that hangs holds one slot, not all of them, and one that is down is not hammered.
-# After each failure of such a run, its next attempt waits 1, 2, 4... seconds (at most the
-# timeout): `next_probe_at`, which every worker's claim reads (services/delivery_attempts.py).
-PROBING_AFTER_FAILURES = 3
 
 
 @dataclass(frozen=True)
@@ -66,19 +59,18 @@ def count_failure(
     and a success starts the count over."""
     failures = WebhookEndpoint.consecutive_failures + 1
     pause = func.least(max_pause, func.power(2, failures - PROBING_AFTER_FAILURES))
+    probing = failures >= PROBING_AFTER_FAILURES
+    next_probe = func.statement_timestamp() + func.make_interval(0, 0, 0, 0, 0, 0, pause)
     row = db.session.execute(
         update(WebhookEndpoint)
         .where(WebhookEndpoint.id == endpoint_id)
         .values(
             consecutive_failures=failures,
             failing_since=db.func.coalesce(WebhookEndpoint.failing_since, failed_at),
-            next_probe_at=case(
-                (
-                    failures >= PROBING_AFTER_FAILURES,
-                    func.statement_timestamp() + func.make_interval(0, 0, 0, 0, 0, 0, pause),
-                ),
-                else_=None,
-            ),
+            next_probe_at=case((probing, next_probe), else_=None),
+            # Nothing starts before the probe: the claim's turn comes then (services/
+            # delivery_queue.py: a pause may move it later, no publisher can change that).
+            ready_at=case((probing, next_probe), else_=WebhookEndpoint.ready_at),
         )
         .returning(
             WebhookEndpoint.consecutive_failures,

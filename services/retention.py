@@ -28,6 +28,7 @@ from sqlalchemy.exc import IntegrityError
 
 from extensions import db
 from models import WebhookDelivery
+from models.endpoint_hours import HOURS_KEPT
 
 # Rows one transaction deletes at most (deliveries or events; a delivery's attempts go with it).
 BATCH_SIZE = 1000
@@ -97,6 +98,7 @@ def delete_expired_deliveries(
                     keep_going=keep_going,
                 ):
                     return purged
+        _delete_old_hours(connection, before=now - HOURS_KEPT, batch_size=batch_size)
         return purged
     finally:
         connection.rollback()
@@ -150,6 +152,18 @@ def _delete_in_batches(
             return True
         after_created_at, after_id = row.last_created_at, row.last_id
         time.sleep((time.monotonic() - started) * rest_ratio)
+
+
+def _delete_old_hours(connection: Connection, *, before: datetime, batch_size: int) -> None:
+    """The endpoints' hour counts older than any health window reads (models/endpoint_hours.py),
+    a batch per transaction."""
+    while True:
+        with connection.begin():
+            deleted = connection.execute(
+                _DELETE_OLD_HOURS, {"before": before, "batch_size": batch_size}
+            ).rowcount
+        if deleted < batch_size:
+            return
 
 
 @dataclass(frozen=True)
@@ -240,5 +254,13 @@ _DELETE_EVENTS = text(
            (SELECT count(*) FROM events) AS events,
            (SELECT created_at FROM last) AS last_created_at,
            (SELECT id FROM last) AS last_id
+    """
+)
+
+_DELETE_OLD_HOURS = text(
+    """
+    DELETE FROM webhook_endpoint_hours
+    WHERE (endpoint_id, hour) IN (SELECT endpoint_id, hour FROM webhook_endpoint_hours
+                                  WHERE hour < :before LIMIT :batch_size)
     """
 )

@@ -33,11 +33,16 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
 from extensions import db
+from services.connections import KEEPALIVES, shut_if_stuck
 
 log = logging.getLogger("brand_api.wakeups")
 
 CHANNEL = "brand_api_wakeups"
 RECONNECT_MAX_SECONDS = 5.0
+# With no notification for this long, the listener checks its connection answers, within the
+# deadline after it.
+HEALTH_CHECK_SECONDS = 5.0
+HEALTH_CHECK_DEADLINE_SECONDS = 5.0
 # For statements that publish: `NOTIFY_BRAND_SQL.format(brand=<SQL expression>)`.
 NOTIFY_BRAND_SQL = f"pg_notify('{CHANNEL}', {{brand}})"
 
@@ -93,30 +98,41 @@ class WakeupListener:
 
     def _run(self) -> None:
         pause = 0.2
-        lost = False
         while True:
             try:
                 with psycopg.connect(
-                    self._conninfo, autocommit=True, application_name=_connection_name("listener")
+                    psycopg.conninfo.make_conninfo(
+                        self._conninfo, application_name=_connection_name("listener"), **KEEPALIVES
+                    ),
+                    autocommit=True,
                 ) as connection:
                     connection.execute(f"LISTEN {CHANNEL}")
                     self._listening.set()
                     pause = 0.2
-                    if lost:
-                        self._tell(None)  # what was notified while away is unknown
-                    for notify in connection.notifies():
-                        self._tell(frozenset(notify.payload.split()))
+                    # Whatever was notified while away is unknown: every subscriber reads again
+                    # (long-poll waiters included), as after any reconnection.
+                    self._tell(None)
+                    self._listen(connection)
             except Exception as error:
                 self._listening.clear()
-                if not lost:
-                    log.warning(
-                        "wake-up listener lost its connection (%s); reconnecting",
-                        type(error).__name__,
-                    )
-                lost = True
+                log.warning(
+                    "wake-up listener lost its connection (%s); reconnecting in %gs",
+                    type(error).__name__,
+                    pause,
+                )
                 self._tell(None)
                 time.sleep(pause)
                 pause = min(pause * 2, RECONNECT_MAX_SECONDS)
+
+    def _listen(self, connection: psycopg.Connection) -> None:
+        """Pass on notifications until the connection fails. When none came for a while, the
+        connection is asked something, under a deadline: one gone half-open (a failover, a
+        network that dropped it silently) answers nothing, and is then shut and replaced."""
+        while True:
+            for notify in connection.notifies(timeout=HEALTH_CHECK_SECONDS):
+                self._tell(frozenset(notify.payload.split()))
+            with shut_if_stuck(connection, HEALTH_CHECK_DEADLINE_SECONDS):
+                connection.execute("SELECT 1")
 
 
 def _connection_name(role: str) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import ssl
 import threading
 import time
 from collections import deque
@@ -52,7 +53,7 @@ def expected_signature(secret: str, timestamp: str, body: bytes) -> str:
 
 
 class Receiver:
-    def __init__(self, port: int = 0) -> None:
+    def __init__(self, port: int = 0, tls: ssl.SSLContext | None = None) -> None:
         self.secrets: list[str] = []
         self.received: list[Received] = []
         # What every request gets once the script is used up.
@@ -67,6 +68,10 @@ class Receiver:
         self.server = _Server(("127.0.0.1", port), _Handler)
         self.server.daemon_threads = True
         self.server.receiver = self
+        if tls is not None:
+            # HTTPS on 127.0.0.1, reached as https://localhost (its certificate's name).
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
+        self.scheme = "http" if tls is None else "https"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self._thread.start()
 
@@ -76,7 +81,8 @@ class Receiver:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/hooks"
+        host = "127.0.0.1" if self.scheme == "http" else "localhost"
+        return f"{self.scheme}://{host}:{self.port}/hooks"
 
     def reply_with(self, *replies: Reply) -> None:
         """The next requests get these replies in order; after them, 200."""

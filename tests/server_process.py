@@ -101,6 +101,10 @@ class ServerProcess:
     def pid(self) -> int:
         return self.process.pid
 
+    def pids(self) -> set[int]:
+        """The arbiter's and every worker's pid: the processes of its group."""
+        return {pid for pid, (pgid, _, _) in process_table().items() if pgid == self.process.pid}
+
     def kill(self) -> None:
         """SIGKILL to the arbiter and its workers."""
         with contextlib.suppress(ProcessLookupError):
@@ -124,6 +128,23 @@ class ServerProcess:
         if self._final_output is not None:
             return self._final_output
         return Path(self.log.name).read_text(errors="replace")
+
+
+def process_table() -> dict[int, tuple[int, int, str]]:
+    """pid -> (pgid, session id, command line) of every process we can see."""
+    table = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        # Fields after the parenthesised command name: state ppid pgrp session ...
+        fields = stat.rsplit(")", 1)[1].split()
+        table[int(entry.name)] = (int(fields[2]), int(fields[3]), cmdline.strip())
+    return table
 
 
 def _control_socket_args() -> list[str]:

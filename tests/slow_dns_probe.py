@@ -74,6 +74,7 @@ async def send_all(ca_file: Path, port: int) -> dict:
             secret="whsec_test",
             body=b"{}",
             event_name="deal.completed",
+            event_id=f"evt_{name}",
             delivery_id=f"whd_{name}",
         )
         return {

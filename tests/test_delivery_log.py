@@ -13,7 +13,8 @@ from extensions import db
 from models import WebhookDelivery
 from models.columns import utcnow
 from services.events import publish_event
-from tests.helpers import assert_error, assert_success
+from tests.delivery_states import settle
+from tests.helpers import EVENT_ENVELOPE_KEYS, assert_error, assert_success
 from tests.receiver import Reply
 from tests.worker_process import WorkerProcess
 
@@ -259,11 +260,7 @@ def test_retrying_finds_the_pending_deliveries_whose_endpoint_is_failing(
                 next_attempt_at=utcnow() + timedelta(minutes=30),
             )
         )
-        db.session.execute(
-            update(WebhookDelivery)
-            .where(WebhookDelivery.id == settled[0])
-            .values(status="failed", attempt_count=8, last_error="HTTP 503")
-        )
+        settle(settled, "failed", attempt_count=8, last_error="HTTP 503")
         db.session.commit()
 
     assert ids(client, brand, read_key, status="failed") == settled
@@ -341,7 +338,7 @@ def test_a_delivery_shows_its_payload_and_no_attempts_yet(app, client, brand, wr
     assert shown["status"] == "pending"
     assert shown["attempts"] == []
     payload = shown["payload"]
-    assert set(payload) == {"id", "type", "createdAt", "brandId", "apiVersion", "data"}
+    assert set(payload) == set(EVENT_ENVELOPE_KEYS)
     assert payload["id"] == shown["eventId"]
     assert payload["id"].startswith("evt_")
     assert payload["type"] == "deal.completed"

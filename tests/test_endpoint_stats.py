@@ -8,9 +8,13 @@ import math
 from datetime import UTC, datetime, timedelta
 
 from extensions import db
-from models import WebhookAttempt, WebhookDelivery
+from models import WebhookAttempt
+from services.endpoint_stats import latest_failures
+from services.endpoint_urls import UrlPolicy
 from services.events import publish_event
+from services.webhook_endpoints import register_endpoint
 from tests import test_webhook_delivery as delivery
+from tests.delivery_states import settle
 from tests.helpers import assert_error
 from tests.receiver import Receiver, Reply
 from tests.test_webhook_delivery import parse_time, publish
@@ -40,11 +44,7 @@ def add_old_history(app, brand: str, endpoint_id: str) -> None:
             now=then,
         )
         [old] = published.delivery_ids
-        db.session.execute(
-            WebhookDelivery.__table__.update()
-            .where(WebhookDelivery.id == old)
-            .values(status="failed", next_attempt_at=None)
-        )
+        settle([old], "failed", failed_at=then)
         db.session.add(
             WebhookAttempt(
                 delivery_id=old,
@@ -125,3 +125,57 @@ def test_stats_of_another_brands_endpoint_are_not_found(
         headers={"X-Api-Key": make_key(other, scopes=("read",))},
     )
     assert_error(response, 404, "NOT_FOUND")
+
+
+def test_latest_failures_are_each_deliverys_last_failed_attempt_newest_first(app, brand):
+    """What the endpoint's dashboard page shows first: one line per delivery that failed (its
+    last failed attempt, with the error), newest first; not a success, nor another endpoint's
+    failure, nor one older than the window."""
+    now = datetime.now(UTC).replace(microsecond=0)
+    local = UrlPolicy(https_only=False, allow_local=True)
+    with app.app_context():
+        endpoint_id, other_id = (
+            register_endpoint(brand_id=brand, url=url, events=["deal.completed"], policy=local).id
+            for url in ("http://127.0.0.1:9/ours", "http://127.0.0.1:9/theirs")
+        )
+
+        def delivery_with(endpoint: str, attempts: list[tuple[int, str | None]]) -> str:
+            """A delivery with these attempts (minutes ago, error or None for a success)."""
+            [delivery_id] = publish_event(
+                brand_id=brand,
+                name="deal.completed",
+                data={},
+                only_endpoint_ids=[endpoint],
+                now=now - timedelta(minutes=attempts[0][0] + 1),
+            ).delivery_ids
+            for number, (minutes, error) in enumerate(attempts, start=1):
+                db.session.add(
+                    WebhookAttempt(
+                        delivery_id=delivery_id,
+                        endpoint_id=endpoint,
+                        attempt_number=number,
+                        requested_at=now - timedelta(minutes=minutes),
+                        duration_ms=5,
+                        error=error,
+                        request_headers={},
+                    )
+                )
+            return delivery_id
+
+        retried = delivery_with(endpoint_id, [(9, "HTTP 500"), (5, "HTTP 503")])
+        recovered = delivery_with(endpoint_id, [(8, "Connection refused"), (7, None)])
+        delivery_with(endpoint_id, [(25 * 60, "HTTP 500")])  # before the window
+        delivery_with(other_id, [(1, "HTTP 500")])  # another endpoint's
+        newest = delivery_with(endpoint_id, [(2, "Timed out after 10 s")])
+        db.session.commit()
+        window = {"start": now - timedelta(hours=24), "end": now}
+        failures = latest_failures(endpoint_id, **window, limit=5)
+        two = latest_failures(endpoint_id, **window, limit=2)
+    shown = [(f.delivery_id, f.attempt_number, f.error) for f in failures]
+    assert shown == [
+        (newest, 1, "Timed out after 10 s"),
+        (retried, 2, "HTTP 503"),
+        (recovered, 1, "Connection refused"),
+    ]
+    assert [f.delivery_id for f in two] == [newest, retried]
+    assert {f.event_name for f in failures} == {"deal.completed"}

@@ -198,3 +198,144 @@ def test_endpoint_descriptions_come_with_0007_and_go_with_its_downgrade(app_envi
                 count = "SELECT count(*) FROM webhook_endpoints WHERE id = 'whe_m'"
                 assert connection.execute(text(count)).scalar_one() == 1
             db.engine.dispose()
+
+
+def test_0014_queues_pending_work_numbers_events_and_comes_back_down(app_environ, backends):
+    """0014 with data in the tables: pending deliveries go to the queue with their time, their
+    endpoints ready; failed ones get `failed_at`; stored events get their subject and gapless
+    sequences from their bodies; a counter per subject. Its downgrade puts the pending work
+    back on the deliveries and keeps every row."""
+    at = "2026-11-01 00:00:00+00:00"
+    with scratch_database(backends) as url:
+        scratch = create_app({**app_environ, "DATABASE_URL": url})
+        with scratch.app_context():
+            upgrade(revision="0013")
+            with db.engine.begin() as connection:
+                connection.execute(
+                    text(
+                        "INSERT INTO brands VALUES ('brd_m', 'Mig', 'growth', 'verified', :at,"
+                        " :at, :at)"
+                    ),
+                    {"at": at},
+                )
+                connection.execute(
+                    text(
+                        "INSERT INTO webhook_endpoints (id, brand_id, url, events,"
+                        " secret_ciphertext, consecutive_failures, created_at, updated_at)"
+                        " VALUES ('whe_m', 'brd_m', 'https://example.com/h', '[]', 'x', 0, :at,"
+                        " :at), ('whe_idle', 'brd_m', 'https://example.com/i', '[]', 'x', 0,"
+                        " :at, :at)"
+                    ),
+                    {"at": at},
+                )
+                events = [
+                    ("evt_1", "deal.accepted", '{"data": {"id": "deal_x", "campaignId": "cmp_1"}}'),
+                    (
+                        "evt_2",
+                        "escrow.held",
+                        '{"data": {"dealId": "deal_x", "campaignId": "cmp_1"}}',
+                    ),
+                    (
+                        "evt_3",
+                        "deal.completed",
+                        '{"data": {"id": "deal_x", "campaignId": "cmp_1"}}',
+                    ),
+                    (
+                        "evt_4",
+                        "conversion.recorded",
+                        '{"data": {"id": "conv_1", "campaignId": null}}',
+                    ),
+                    ("evt_5", "webhook.test", '{"data": {"endpointId": "whe_m"}}'),
+                    ("evt_6", "deal.completed", '{"data": {"n": 1}}'),
+                ]
+                for event_id, name, body in events:
+                    connection.execute(
+                        text(
+                            "INSERT INTO webhook_events (id, brand_id, name, body, created_at)"
+                            " VALUES (:id, 'brd_m', :name, :body, :at)"
+                        ),
+                        {"id": event_id, "name": name, "body": body, "at": at},
+                    )
+                for delivery_id, status, attempts in (
+                    ("whd_pending", "pending", 2),
+                    ("whd_failed", "failed", 8),
+                    ("whd_done", "delivered", 1),
+                ):
+                    connection.execute(
+                        text(
+                            "INSERT INTO webhook_deliveries (id, brand_id, endpoint_id, event_id,"
+                            " event_name, status, attempt_count, next_attempt_at, created_at)"
+                            " VALUES (:id, 'brd_m', 'whe_m', 'evt_1', 'deal.accepted', :status,"
+                            " :attempts, CASE WHEN CAST(:status AS varchar) = 'pending' THEN"
+                            " CAST(:at AS timestamptz) + interval '1 hour' END, :at)"
+                        ),
+                        {"id": delivery_id, "status": status, "attempts": attempts, "at": at},
+                    )
+                connection.execute(
+                    text(
+                        "INSERT INTO webhook_attempts (delivery_id, endpoint_id, attempt_number,"
+                        " requested_at, duration_ms, http_status, error, request_headers)"
+                        " VALUES ('whd_failed', 'whe_m', 8, CAST(:at AS timestamptz)"
+                        " + interval '1 day', 10, 500, 'HTTP 500', '{}')"
+                    ),
+                    {"at": at},
+                )
+
+            upgrade(revision="0014")
+            with db.engine.connect() as connection:
+                queued = connection.execute(
+                    text(
+                        "SELECT delivery_id, next_attempt_at, attempt_count"
+                        " FROM webhook_delivery_queue"
+                    )
+                ).all()
+                assert [(row[0], row[2]) for row in queued] == [("whd_pending", 2)]
+                assert str(queued[0][1]).startswith("2026-11-01 01:00:00")
+                ready = dict(
+                    connection.execute(text("SELECT id, ready_at FROM webhook_endpoints")).all()
+                )
+                assert ready["whe_m"] is not None and ready["whe_idle"] is None
+                failed_at = connection.execute(
+                    text("SELECT failed_at FROM webhook_deliveries WHERE id = 'whd_failed'")
+                ).scalar_one()
+                assert str(failed_at).startswith("2026-11-02")
+                subjects = connection.execute(
+                    text(
+                        "SELECT id, subject_type, subject_id, sequence, campaign_id"
+                        " FROM webhook_events ORDER BY id"
+                    )
+                ).all()
+                assert [tuple(row) for row in subjects] == [
+                    ("evt_1", "deal", "deal_x", 1, "cmp_1"),
+                    ("evt_2", "deal", "deal_x", 2, "cmp_1"),
+                    ("evt_3", "deal", "deal_x", 3, "cmp_1"),
+                    ("evt_4", "conversion", "conv_1", 1, None),
+                    ("evt_5", "endpoint", "whe_m", 1, None),
+                    ("evt_6", "event", "evt_6", 1, None),
+                ]
+                counters = connection.execute(
+                    text(
+                        "SELECT subject_type, subject_id, last_sequence"
+                        " FROM webhook_event_subjects ORDER BY subject_type"
+                    )
+                ).all()
+                assert ("deal", "deal_x", 3) in [tuple(row) for row in counters]
+
+            downgrade(revision="0013")
+            with db.engine.connect() as connection:
+                rows = connection.execute(
+                    text(
+                        "SELECT id, status, next_attempt_at, lease_token FROM webhook_deliveries"
+                        " ORDER BY id"
+                    )
+                ).all()
+                assert [(row[0], row[1], row[3]) for row in rows] == [
+                    ("whd_done", "delivered", None),
+                    ("whd_failed", "failed", None),
+                    ("whd_pending", "pending", None),
+                ]
+                assert str(rows[2][2]).startswith("2026-11-01 01:00:00")
+                count = connection.execute(text("SELECT count(*) FROM webhook_events")).scalar_one()
+                assert count == 6
+            upgrade()
+            db.engine.dispose()

@@ -94,8 +94,10 @@ def insert_old_deliveries(app, brand_id: str, endpoint_id: str, count: int, age:
         params = {"brand": brand_id, "endpoint": endpoint_id, "count": count, "age": age}
         db.session.execute(
             text(
-                "INSERT INTO webhook_events (id, brand_id, name, body, created_at)"
-                " VALUES ('evt_bulk', :brand, 'deal.completed', '{}', now() - :age)"
+                "INSERT INTO webhook_events (id, brand_id, name, body, created_at,"
+                " subject_type, subject_id, sequence)"
+                " VALUES ('evt_bulk', :brand, 'deal.completed', '{}', now() - :age,"
+                " 'event', 'evt_bulk', 1)"
             ),
             params,
         )

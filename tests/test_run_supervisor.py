@@ -1,4 +1,6 @@
-"""`make run`'s supervisor (scripts/run.py), run for real as a subprocess.
+"""`make run`'s supervisor (scripts/run.py), run for real as a subprocess: it serves, restarts a
+child that dies while the API stays up, names a `make run` already running, and stops everything
+on Ctrl-C.
 
 Isolated from the developer's own `make run`: the embedded PostgreSQL and Redis keep their files
 in a private directory (RUN_STATE_DIR, which also stops the supervisor from writing the markers
@@ -23,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +34,8 @@ import pytest
 import requests
 
 from tests.backends import private_directory
+from tests.receiver import Receiver
+from tests.server_process import process_table
 
 REPO = Path(__file__).resolve().parent.parent
 RUN_SCRIPT = REPO / "scripts" / "run.py"
@@ -68,23 +73,6 @@ def isolated_env(state_dir: Path, port: int) -> dict[str, str]:
 def http(method: str, url: str, *, headers=None, body=None) -> tuple[int, object]:
     response = requests.request(method, url, headers=headers, json=body, timeout=10)
     return response.status_code, response.json()
-
-
-def process_table() -> dict[int, tuple[int, int, str]]:
-    """pid -> (pgid, session id, command line) of every process we can see."""
-    table = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        # Fields after the parenthesised command name: state ppid pgrp session ...
-        fields = stat.rsplit(")", 1)[1].split()
-        table[int(entry.name)] = (int(fields[2]), int(fields[3]), cmdline.strip())
-    return table
 
 
 def parent_pid(pid: int) -> int:
@@ -367,4 +355,186 @@ def test_a_second_run_finds_its_data_again_and_does_not_seed(state_dir, launch, 
     status, body = create_first_key(supervisor, brand[1], token[1])
     assert status == 201, body
 
+    assert_stopped_cleanly(supervisor, marker_before)
+
+
+def session_pids(supervisor: Supervisor, command: str) -> list[int]:
+    """The supervisor's children (and theirs) whose command line holds `command`."""
+    return [
+        int(line.split(":", 1)[0])
+        for line in supervisor.session_members()
+        if command in line.split(":", 1)[1]
+    ]
+
+
+class HealthPoller:
+    """/healthz asked every 0.1 s on a thread of its own, every answer that is not 200 kept."""
+
+    def __init__(self, base: str) -> None:
+        self.url = f"{base}/healthz"
+        self.answers = 0
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            try:
+                status = requests.get(self.url, timeout=5).status_code
+                if status != 200:
+                    self.failures.append(f"{time.strftime('%X')} status {status}")
+            except requests.RequestException as error:
+                self.failures.append(f"{time.strftime('%X')} {type(error).__name__}")
+            self.answers += 1
+            self._stop.wait(0.1)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def wait_until_dead(pid: int) -> None:
+    """Until the process is gone or a zombie its parent has not reaped yet."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return
+        if state in ("Z", "X"):
+            return
+        time.sleep(0.01)
+    pytest.fail(f"{pid} still runs 10 s after SIGKILL")
+
+
+def wait_for_output(supervisor: Supervisor, pattern: str, timeout: float = 60) -> re.Match:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = re.search(pattern, supervisor.output)
+        if found:
+            return found
+        if supervisor.process.poll() is not None:
+            supervisor.fail(f"run.py exited ({supervisor.process.returncode}) before {pattern!r}")
+        time.sleep(0.1)
+    supervisor.fail(f"no {pattern!r} in the supervisor's output within {timeout:.0f} s")
+
+
+def test_a_killed_worker_is_started_again_while_the_api_stays_up(state_dir, launch, marker_before):
+    supervisor = launch(isolated_env(state_dir, free_port()))
+    brand = re.search(r"Brand id:\s+(brd_\w+)", supervisor.output)[1]
+    token = re.search(r"Bootstrap token:\s+(bst_\w+)", supervisor.output)[1]
+    status, body = create_first_key(supervisor, brand, token)
+    assert status == 201, body
+    headers = {"X-Api-Key": body["data"]["secret"]}
+    api = f"{supervisor.base}/api/v1/brand/{brand}/webhook"
+    receiver = Receiver()
+    try:
+        status, body = http(
+            "POST",
+            f"{api}/register-endpoint",
+            headers=headers,
+            body={"url": receiver.url, "events": ["deal.completed"]},
+        )
+        assert status == 201, body
+        endpoint = body["data"]["id"]
+        [worker] = session_pids(supervisor, "flask --app app worker")
+        health = HealthPoller(supervisor.base)
+        try:
+            os.kill(worker, signal.SIGKILL)
+            wait_until_dead(worker)
+            # Published after the kill: the worker started again delivers it.
+            status, body = http("POST", f"{api}/{endpoint}/send-test", headers=headers)
+            assert status == 202, body
+            died = wait_for_output(
+                supervisor,
+                rf"run\.py: the webhook worker \(rq, pid {worker}\) was killed by SIGKILL "
+                r"after \d+ s; starting it again in 1 s \(at \d\d:\d\d:\d\d\)\.\n",
+            )
+            again = wait_for_output(
+                supervisor, r"run\.py: the webhook worker \(rq, pid (\d+)\) is running again\."
+            )
+            assert died.start() < again.start()
+            [delivered] = receiver.wait_for(1, timeout=60)
+            assert delivered.delivery_id == body["data"]["deliveryId"]
+        finally:
+            health.stop()
+        assert health.failures == [], health.failures  # the API answered throughout
+        assert health.answers >= 10
+        assert session_pids(supervisor, "flask --app app worker") == [int(again[1])]
+    finally:
+        receiver.close()
+
+    # The web server killed too: it is started again (its workers, orphaned, are not left).
+    [arbiter] = [
+        pid
+        for pid in session_pids(supervisor, "gunicorn")
+        if parent_pid(pid) == supervisor.process.pid
+    ]
+    old_workers = [pid for pid in session_pids(supervisor, "gunicorn") if pid != arbiter]
+    os.kill(arbiter, signal.SIGKILL)
+    wait_for_output(
+        supervisor,
+        rf"the web server \(gunicorn, pid {arbiter}\) was killed by SIGKILL after \d+ s; "
+        r"starting it again in 1 s",
+    )
+    supervisor.wait_until_healthy()
+    assert not set(old_workers) & set(session_pids(supervisor, "gunicorn"))
+
+    assert_stopped_cleanly(supervisor, marker_before)
+    assert "stopping everything" not in supervisor.output
+
+
+def test_a_second_make_run_names_the_one_running_instead_of_another_port(
+    state_dir, launch, marker_before, tmp_path
+):
+    """`make run` again, or with the port the first one's refusal used to suggest: either way it
+    says that this checkout's `make run` is running, where, and how to stop it."""
+    first = launch(isolated_env(state_dir, free_port()), name="first")
+    for port in (first.port, free_port()):
+        second = subprocess.run(
+            [sys.executable, str(RUN_SCRIPT)],
+            cwd=tmp_path,
+            env=isolated_env(state_dir, port),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=START_TIMEOUT,
+            check=False,
+        )
+        assert second.returncode == 1, second
+        said = second.stderr.strip()
+        assert said == (
+            f"run.py: `make run` is already running (pid {first.process.pid}) at {first.base} "
+            f"(dashboard: {first.base}/dashboard). Use that one, or stop it first: Ctrl-C in its "
+            f"terminal, or kill {first.process.pid}."
+        ), second
+        assert "PORT=" not in second.stdout + second.stderr
+    assert http("GET", f"{first.base}/readyz")[0] == 200  # the first one is untouched
+    assert_stopped_cleanly(first, marker_before)
+
+
+def test_a_port_another_program_holds_gets_a_free_port_that_works(
+    state_dir, launch, marker_before, tmp_path
+):
+    with socket.socket() as other_program:
+        other_program.bind(("127.0.0.1", 0))
+        other_program.listen()
+        port = other_program.getsockname()[1]
+        refused = subprocess.run(
+            [sys.executable, str(RUN_SCRIPT)],
+            cwd=tmp_path,
+            env=isolated_env(state_dir, port),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=START_TIMEOUT,
+            check=False,
+        )
+        assert refused.returncode == 1, refused
+        assert f"127.0.0.1:{port} is in use by another program" in refused.stderr
+        suggested = re.search(r"use another port: PORT=(\d+) make run$", refused.stderr.strip())
+        assert suggested, refused.stderr
+        # As the hint says: it runs.
+        supervisor = launch(isolated_env(state_dir, int(suggested[1])))
     assert_stopped_cleanly(supervisor, marker_before)

@@ -10,9 +10,7 @@ workers share the Redis queue; the next test that wants the shared worker starts
 from __future__ import annotations
 
 import re
-import signal
 import socket
-import subprocess
 import threading
 import time
 from collections import Counter
@@ -24,9 +22,9 @@ import pytest
 from config import DEFAULT_ENDPOINT_CONCURRENCY
 from extensions import db
 from services.events import publish_event
-from tests.helpers import assert_error, assert_success
+from tests.helpers import EVENT_ENVELOPE_KEYS, assert_error, assert_success
 from tests.receiver import Receiver, Reply, expected_signature
-from tests.worker_process import WorkerProcess
+from tests.worker_process import WorkerProcess, workers_started_by_test
 
 DEAL_DATA = {"id": "deal_1", "status": "completed", "agreedAmountMinor": 45000000}
 
@@ -70,24 +68,8 @@ def worker(workers) -> WorkerProcess:
 def start_worker(workers, app_environ) -> Iterator[Callable[..., WorkerProcess]]:
     """Start workers of the test's own (the shared one is stopped first); stopped afterwards."""
     workers.stop_shared()
-    started: list[WorkerProcess] = []
-
-    def start(**settings: str) -> WorkerProcess:
-        process = WorkerProcess(app_environ, **settings)
-        started.append(process)
-        return process
-
-    yield start
-    # Stop them side by side: each finishes its current job first.
-    for process in started:
-        if process.process.poll() is None:
-            process.process.send_signal(signal.SIGTERM)
-    for process in started:
-        try:
-            process.process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        process.stop()
+    with workers_started_by_test(app_environ) as start:
+        yield start
 
 
 def logs(*processes: WorkerProcess) -> str:
@@ -241,8 +223,10 @@ def test_first_attempt_success_is_signed_and_logged(app, api, brand, receiver, w
         endpoint["signingSecret"], timestamp, request.body
     )
     body = request.json
-    assert set(body) == {"id", "type", "createdAt", "brandId", "apiVersion", "data"}
+    assert set(body) == set(EVENT_ENVELOPE_KEYS)
     assert body["id"] == event_id and event_id.startswith("evt_")
+    assert body["subject"] == {"type": "deal", "id": DEAL_DATA["id"]}
+    assert body["sequence"] == 1
     assert body["type"] == "deal.completed"
     assert body["brandId"] == brand
     assert body["apiVersion"] == "1"

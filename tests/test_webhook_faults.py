@@ -14,23 +14,15 @@ from extensions import db
 from services.events import publish_event
 from tests.helpers import assert_success
 from tests.receiver import Reply
-from tests.worker_process import WorkerProcess
+from tests.worker_process import WorkerProcess, workers_started_by_test
 
 UNREACHABLE_REDIS = "redis://127.0.0.1:1/0"  # nothing listens on port 1
 
 
 @pytest.fixture
 def start_worker(app_environ) -> Iterator[Callable[..., WorkerProcess]]:
-    started: list[WorkerProcess] = []
-
-    def start(**settings: str) -> WorkerProcess:
-        process = WorkerProcess(app_environ, **settings)
-        started.append(process)
-        return process
-
-    yield start
-    for process in started:
-        process.stop()
+    with workers_started_by_test(app_environ) as start:
+        yield start
 
 
 def call(client, brand: str, key: str, method: str, path: str, status: int = 200, **kw) -> dict:

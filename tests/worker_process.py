@@ -9,6 +9,8 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,3 +60,37 @@ class WorkerProcess:
 
     def output(self) -> str:
         return Path(self.log.name).read_text()
+
+    def wait_started(self, timeout: float = 30) -> float:
+        """The monotonic time by which the worker said it started (its delivery loop starts
+        just before): the anchor for 'how soon' in a test, without the interpreter's start-up
+        on a loaded machine in it."""
+        deadline = time.monotonic() + timeout
+        while "started with PID" not in self.output():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"the worker did not start:\n{self.output()}")
+            time.sleep(0.02)
+        return time.monotonic()
+
+
+@contextlib.contextmanager
+def workers_started_by_test(environ: dict[str, str]) -> Iterator[Callable[..., WorkerProcess]]:
+    """`start(**settings)` starts a worker; at the end all are stopped side by side (SIGTERM to
+    each, so each finishes the attempts in flight), any still running after 10 s killed."""
+    started: list[WorkerProcess] = []
+
+    def start(**settings: str) -> WorkerProcess:
+        process = WorkerProcess(environ, **settings)
+        started.append(process)
+        return process
+
+    try:
+        yield start
+    finally:
+        for process in started:
+            if process.process.poll() is None:
+                process.process.send_signal(signal.SIGTERM)
+        for process in started:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.process.wait(10)
+            process.stop()

@@ -8,7 +8,9 @@ go on, and SIGTERM or Ctrl-C stops either way: the attempts in flight finish and
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import resource
 import signal
 import threading
 import time
@@ -90,7 +92,8 @@ def worker_command(burst: bool) -> None:
     worker = DeliveryWorker(
         list(QUEUES), connection=connection, app=app, sweep_interval=settings.webhook_sweep_interval
     )
-    loop = start_delivery_loop(app)
+    _raise_open_files_limit()
+    loop = start_delivery_loop(app, burst=burst)
     try:
         _work(worker, burst)
         if burst:
@@ -102,6 +105,17 @@ def worker_command(burst: bool) -> None:
         # recorded. A purge stops between two of its batches.
         stop_purge()
         stop_delivery_loop(grace=settings.webhook_timeout + 2)
+
+
+def _raise_open_files_limit() -> None:
+    """Up to the hard limit: each attempt in flight holds a socket, and a worker talking to
+    thousands of receivers must not fail for want of file descriptors (the soft limit is
+    often 1,024 while the hard one is far higher)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 65536 if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and wanted > soft:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
 def _work(worker: DeliveryWorker, burst: bool) -> None:
