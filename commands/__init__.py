@@ -1,22 +1,32 @@
 """`flask --app app ...` commands for support and operators (CONTRACT section 2).
 
 stdout carries only the value a script wants to capture; notes and errors go to stderr, and an
-error exits non-zero with one line.
+error exits non-zero with one line: a missing setting and an unreachable database included
+(`--help` needs neither).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import copy
+import functools
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import click
 from flask import Flask
+from flask.cli import FlaskGroup
+from sqlalchemy.exc import OperationalError
 
 from extensions import db
 from services.errors import DomainError, ValidationFailed
 
+Callback = Callable[..., Any]
+
 
 def register_commands(app: Flask) -> None:
+    """Our command groups, beside the `db` group Flask-Migrate's `init_app` added; every
+    command says in one line that it cannot reach the database."""
     from commands.brands import brands
     from commands.demo import demo
     from commands.endpoints import endpoints
@@ -30,6 +40,69 @@ def register_commands(app: Flask) -> None:
     app.cli.add_command(events)
     app.cli.add_command(secrets)
     app.cli.add_command(worker_command)
+    _wrap_every_callback(app, _explaining_connection_failures)
+
+
+def app_for_help_only(app: Flask, problem: str) -> Flask:
+    """What `flask --app app` gets when the settings cannot be read (no DATABASE_URL and no
+    `make run`): its commands, so that every `--help` works, each of which, when run, exits with
+    `problem` in one line.
+
+    `flask` loads the app to list or find the app's commands, before any `--help` is read; it
+    loads it again only to run a command of its own (`routes`, `shell`): that one stops here.
+    """
+    context = click.get_current_context(silent=True)
+    if context is None or context.parent is not None or not isinstance(context.command, FlaskGroup):
+        raise click.ClickException(problem)
+    register_commands(app)
+
+    def refuse(_callback: Callback) -> Callback:
+        def refused(*_args: Any, **_kwargs: Any) -> None:
+            raise click.ClickException(problem)
+
+        return refused
+
+    _wrap_every_callback(app, refuse)
+    return app
+
+
+def loaded_by_the_command_line() -> bool:
+    """Whether `flask --app app ...` is loading the app (gunicorn and tests call it outside
+    any click command)."""
+    return click.get_current_context(silent=True) is not None
+
+
+def _explaining_connection_failures(callback: Callback) -> Callback:
+    @functools.wraps(callback)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return callback(*args, **kwargs)
+        except OperationalError as error:
+            if error.statement is not None:  # connected, then a statement failed: not ours
+                raise
+            # psycopg's first line names the host and port (or socket), never the password.
+            reason = str(error.orig).splitlines()[0] if error.orig else type(error).__name__
+            raise click.ClickException(
+                f"cannot reach the database ({reason}): start `make run`, or check DATABASE_URL"
+            ) from None
+
+    return run
+
+
+def _wrap_every_callback(app: Flask, wrap: Callable[[Callback], Callback]) -> None:
+    """Each of the app's commands (the `db` group's too), replaced by a copy whose callbacks run
+    through `wrap`: names, help, options and arguments stay as they were."""
+    for name, command in list(app.cli.commands.items()):
+        app.cli.commands[name] = _wrapped(command, wrap)
+
+
+def _wrapped(command: click.Command, wrap: Callable[[Callback], Callback]) -> click.Command:
+    clone = copy.copy(command)
+    if isinstance(command, click.Group) and isinstance(clone, click.Group):
+        clone.commands = {name: _wrapped(sub, wrap) for name, sub in command.commands.items()}
+    elif command.callback is not None:
+        clone.callback = wrap(command.callback)
+    return clone
 
 
 @contextmanager

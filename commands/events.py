@@ -33,7 +33,7 @@ from services.retention import (
     delete_expired_deliveries,
     retention_period,
 )
-from services.webhook_endpoints import send_example_event
+from services.webhook_endpoints import retry_pending, send_example_event
 from workers.connection import redis_connection
 
 events = AppGroup("events", help="Webhook events.")
@@ -134,6 +134,25 @@ def recover_command(brand_id: str, endpoint_id: str, since, until) -> None:
         )
     click.echo(recovered.queued)
     if recovered.queued:
+        waiting = _why_nothing_sends()
+        if waiting:
+            click.echo(waiting, err=True)
+
+
+@events.command("retry-pending")
+@click.argument("brand_id")
+@click.argument("endpoint_id")
+def retry_pending_command(brand_id: str, endpoint_id: str) -> None:
+    """Send now what waits for a retry to an endpoint.
+
+    Every pending delivery of ENDPOINT_ID waiting for its next retry becomes due now (once its
+    receiver is fixed); prints how many. The same as the API's retry-pending and the endpoint
+    page's "Retry the N waiting deliveries now"."""
+    with command_transaction():
+        get_brand(brand_id)
+        due = retry_pending(brand_id=brand_id, endpoint_id=endpoint_id)
+    click.echo(due)
+    if due:
         waiting = _why_nothing_sends()
         if waiting:
             click.echo(waiting, err=True)

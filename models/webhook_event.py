@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, ForeignKey, Index, String, Text, text
+from sqlalchemy import BigInteger, ForeignKey, Index, Integer, String, Text, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from extensions import Model
@@ -16,6 +16,8 @@ from models.columns import UTCDateTime, id_column_type, new_id, utcnow
 # order the events API lists a brand's events in (services/event_feed.py).
 PUBLISHING_TRANSACTION = "CAST(CAST(pg_current_xact_id() AS TEXT) AS BIGINT)"
 POSITION_SEQUENCE = "webhook_events_position_seq"
+SUBJECT_TYPE_MAX_LENGTH = 16
+SUBJECT_ID_MAX_LENGTH = 64
 
 
 class WebhookEvent(Model):
@@ -24,6 +26,9 @@ class WebhookEvent(Model):
         Index("ix_webhook_events_brand_id_created_at", "brand_id", "created_at"),
         # The events API: one event type of a brand in publish order (migration 0013).
         Index("ix_webhook_events_feed", "brand_id", "name", "xact_id", "position"),
+        # A subject's events in order (fetch-events' `subject`, the dashboard's event page,
+        # and the sequence a publisher gives an event of a subject with no counter yet).
+        Index("ix_webhook_events_subject", "brand_id", "subject_type", "subject_id", "sequence"),
     )
 
     id: Mapped[str] = mapped_column(
@@ -40,6 +45,33 @@ class WebhookEvent(Model):
     position: Mapped[int] = mapped_column(
         BigInteger, server_default=text(f"nextval('{POSITION_SEQUENCE}')")
     )
+    # CONTRACT 12.2: the record whose life this event is a step of, and which step (1, 2, ...,
+    # per brand and subject, without gaps, in publish order).
+    subject_type: Mapped[str] = mapped_column(String(SUBJECT_TYPE_MAX_LENGTH))
+    subject_id: Mapped[str] = mapped_column(String(SUBJECT_ID_MAX_LENGTH))
+    sequence: Mapped[int] = mapped_column(Integer)
+    # The campaign the subject belongs to, if any: endpoints' campaign filters (CONTRACT 12.3).
+    campaign_id: Mapped[str | None] = mapped_column(id_column_type(), nullable=True)
+
+    @property
+    def subject_key(self) -> str:
+        """`type:id`, as fetch-events' `subject` takes it."""
+        return f"{self.subject_type}:{self.subject_id}"
 
     def __repr__(self) -> str:
         return f"<WebhookEvent {self.id} {self.name}>"
+
+
+class EventSubject(Model):
+    """The last sequence number given to an event of a subject of a brand: publishers of the
+    same subject take turns on this row (it is locked until the publishing transaction ends),
+    so numbers are gapless and in commit order. Kept when the events age out."""
+
+    __tablename__ = "webhook_event_subjects"
+
+    brand_id: Mapped[str] = mapped_column(
+        id_column_type(), ForeignKey("brands.id", ondelete="CASCADE"), primary_key=True
+    )
+    subject_type: Mapped[str] = mapped_column(String(SUBJECT_TYPE_MAX_LENGTH), primary_key=True)
+    subject_id: Mapped[str] = mapped_column(String(SUBJECT_ID_MAX_LENGTH), primary_key=True)
+    last_sequence: Mapped[int] = mapped_column(Integer)

@@ -17,6 +17,19 @@ CONTROL_CHARACTERS = r"\x00-\x1f\x7f-\x9f"
 # What `str.strip()` takes off that is not a control character (tests hold the list to Python's).
 SPACES = r"\x20\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
 _ANY_CONTROL_CHARACTER = re.compile(f"[{CONTROL_CHARACTERS}]")
+# What text can spell but PostgreSQL cannot store: NUL, and a UTF-16 surrogate without its pair
+# ("\ud800"), which is no character at all.
+NUL = "\x00"
+_UNSTORABLE_CHARACTER = re.compile("[\x00\ud800-\udfff]")
+
+
+def unstorable_text(value: str) -> str | None:
+    """Why PostgreSQL cannot store `value` as text, or None when it can."""
+    if not _UNSTORABLE_CHARACTER.search(value):
+        return None
+    if NUL in value:
+        return "Must not contain NUL characters (\\u0000)."
+    return "Must not contain a lone UTF-16 surrogate (\\ud800-\\udfff without its pair)."
 
 
 def trimmed_text_pattern(max_length: int, *, may_be_blank: bool) -> str:
@@ -46,6 +59,24 @@ class ApiSchema(Schema):
 
     def on_bind_field(self, field_name: str, field_obj: fields.Field) -> None:
         field_obj.data_key = camelcase(field_obj.data_key or field_name)
+
+    @validates_schema(pass_original=True)
+    def _holds_only_storable_text(self, _data, original, **_) -> None:
+        """A value PostgreSQL cannot store is refused here, naming its parameter, whichever face
+        loads it: the API's query and headers, the dashboard's filters and forms (flat strings,
+        or lists of them). A JSON body's nested values are refused as it is parsed
+        (`blueprints.api.operations`), with the same messages."""
+        if not isinstance(original, dict):
+            return
+        problems = {}
+        for key, value in original.items():
+            for item in value if isinstance(value, list) else [value]:
+                problem = unstorable_text(item) if isinstance(item, str) else None
+                if problem:
+                    problems[key] = [problem]
+                    break
+        if problems:
+            raise ValidationError(problems)
 
     @validates_schema(pass_original=True)
     def _gives_enough_fields(self, _data, original, **_) -> None:

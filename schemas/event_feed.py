@@ -8,7 +8,9 @@ import re
 from marshmallow import ValidationError, fields, validate
 
 from models.event_catalog import EVENT_NAMES, sample_data
+from models.event_subjects import SUBJECT_TYPES, parse_subject_key
 from models.webhook_delivery import DELIVERY_STATUSES
+from models.webhook_event import SUBJECT_ID_MAX_LENGTH
 from schemas.base import ApiSchema, ResourceId, Timestamp
 from schemas.webhooks import DELIVERY_ID_EXAMPLE, ENDPOINT_ID_EXAMPLE
 
@@ -47,6 +49,38 @@ class EventTypes(fields.String):
         return list(dict.fromkeys(names))
 
 
+class SubjectKey(fields.String):
+    """`subject`: `type:id`, loaded as (type, id) by `models.event_subjects.parse_subject_key`;
+    anything else is refused, saying what is expected. The document states the form as the
+    field's `pattern`."""
+
+    PATTERN = f"^(?:{'|'.join(SUBJECT_TYPES)}):[^\\x00-\\x1f\\x7f]{{1,{SUBJECT_ID_MAX_LENGTH}}}$"
+
+    def __init__(self, **options) -> None:
+        metadata = {
+            "description": "Only the events of this subject (the record an event is a step "
+            "of: the body's `subject`), as `type:id`, in their `sequence` order: "
+            f"`deal:deal_…`, `campaign:cmp_…`; types {', '.join(SUBJECT_TYPES)}. `after` is "
+            "then one of that subject's events. A value of another form is a VALIDATION_ERROR.",
+            "pattern": self.PATTERN,
+            "example": "deal:deal_01jd3kf5g7h9j1k3m5n7p9q1r3",
+        }
+        super().__init__(metadata=metadata, **options)
+
+    # Loads a pair where marshmallow types a String as loading a str.
+    def _deserialize(self, value, attr, data, **kwargs) -> tuple[str, str]:  # type: ignore[override]
+        text = super()._deserialize(value, attr, data, **kwargs)
+        try:
+            subject_type, subject_id = parse_subject_key(text)
+        except ValueError as error:
+            raise ValidationError(str(error)) from None
+        if not re.fullmatch(self.PATTERN, text):
+            raise ValidationError(
+                f"The id must be 1-{SUBJECT_ID_MAX_LENGTH} characters, no control characters."
+            )
+        return subject_type, subject_id
+
+
 class EventFeedQuerySchema(ApiSchema):
     after = ResourceId(
         "evt",
@@ -70,6 +104,7 @@ class EventFeedQuerySchema(ApiSchema):
         },
     )
     types = EventTypes()
+    subject = SubjectKey()
     wait = fields.Integer(
         load_default=0,
         validate=validate.Range(min=0, max=MAX_WAIT_SECONDS),
@@ -79,6 +114,22 @@ class EventFeedQuerySchema(ApiSchema):
             "after that long with an empty list. Default 0: answer at once.",
             "example": 25,
         },
+    )
+
+
+class SubjectSchema(ApiSchema):
+    type = fields.String(
+        validate=validate.OneOf(SUBJECT_TYPES),
+        metadata={
+            "description": "`deal` (`deal.*`, `content.*`, `placement.*`, `escrow.*`, "
+            "`dispute.*`), `campaign` (`campaign.*`), `conversion` (`conversion.recorded`), "
+            "`endpoint` (`webhook.*`), `brand` (`verification.completed`: the brand's KYB "
+            "check).",
+            "example": "deal",
+        },
+    )
+    id = fields.String(
+        metadata={"description": "That record's id.", "example": "deal_01jd3kf5g7h9j1k3m5n7p9q1r3"}
     )
 
 
@@ -95,6 +146,22 @@ class FeedEventSchema(ApiSchema):
     )
     created_at = Timestamp(
         metadata={"description": "When the event happened; `createdAt` of its deliveries."}
+    )
+    subject = fields.Nested(
+        SubjectSchema,
+        metadata={
+            "description": "The record whose life the event is a step of: `subject` of its "
+            "deliveries' body. Pass it as `type:id` in `subject` to list that record's events."
+        },
+    )
+    sequence = fields.Integer(
+        validate=validate.Range(min=1),
+        metadata={
+            "description": "The event's place in its subject's life: 1 for the subject's first "
+            "event, then one more for each next one, without gaps; `sequence` of its "
+            "deliveries' body.",
+            "example": 3,
+        },
     )
     data = fields.Dict(
         metadata={

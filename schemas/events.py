@@ -21,6 +21,14 @@ from models.campaign import BUDGET_THRESHOLDS, CAMPAIGN_STATUSES
 from models.columns import id_pattern
 from models.deal import DEAL_STATUSES, DISPUTE_OUTCOMES
 from models.event_catalog import API_VERSION, EVENT_TYPES
+from models.event_subjects import (
+    BRAND,
+    CAMPAIGN,
+    CONVERSION,
+    DEAL,
+    ENDPOINT,
+    subject_type_of,
+)
 from schemas.base import ApiSchema, Timestamp, camelcase, currency_field, money
 from schemas.campaigns import CAMPAIGN_ID_EXAMPLE, CampaignSchema
 from schemas.conversions import ConversionSchema
@@ -279,6 +287,50 @@ def event_component_name(name: str) -> str:
     return camelcase(words)[:1].upper() + camelcase(words)[1:] + "Event"
 
 
+# Each subject type: what it is, when it is a body's subject, and an example id.
+_SUBJECTS: Mapping[str, tuple[str, str]] = MappingProxyType(
+    {
+        DEAL: (
+            "The deal, for `deal.*`, `content.*`, `placement.*`, `escrow.*` and `dispute.*` "
+            "events.",
+            DEAL_ID_EXAMPLE,
+        ),
+        CAMPAIGN: ("The campaign, for `campaign.*` events.", CAMPAIGN_ID_EXAMPLE),
+        CONVERSION: (
+            "The conversion, for `conversion.recorded` (its only event: sequence 1).",
+            "conv_01jd3kq9r1s3t5v7w9x1y3z5a7",
+        ),
+        ENDPOINT: ("The endpoint, for `webhook.*` events.", ENDPOINT_ID_EXAMPLE),
+        BRAND: (
+            "The brand itself, for `verification.completed` (the brand's KYB check, which "
+            "has no deal).",
+            "brd_01jd3k7a9b1c3d5e7f9g1h3j5k",
+        ),
+    }
+)
+
+
+def subject_component_name(subject_type: str) -> str:
+    """`deal` -> `DealSubject`: the schema of a body's `subject` of that type."""
+    return subject_type.title() + "Subject"
+
+
+@cache
+def subject_schema(subject_type: str) -> type[Schema]:
+    """A body's `subject` (CONTRACT 12.2) when it is of `subject_type`."""
+    return ApiSchema.from_dict(
+        {
+            # `const`, as the body's `type`: a literal for a type generator.
+            "type": fields.String(required=True, metadata={"const": subject_type}),
+            "id": fields.String(
+                required=True,
+                metadata={"description": "Its id.", "example": _SUBJECTS[subject_type][1]},
+            ),
+        },
+        name=subject_component_name(subject_type),
+    )
+
+
 @cache
 def event_body_schema(name: str) -> type[Schema]:
     """The whole JSON body of a delivery of the event `name` (CONTRACT 6.1): the envelope
@@ -316,6 +368,27 @@ def event_body_schema(name: str) -> type[Schema]:
             "api_version": fields.String(
                 required=True,
                 metadata={"const": API_VERSION, "description": "The version of this body's shape."},
+            ),
+            "subject": fields.Nested(
+                subject_schema(subject_type_of(name)),
+                required=True,
+                metadata={
+                    "description": "The record whose life this event is a step of. "
+                    + _SUBJECTS[subject_type_of(name)][0]
+                    + " `fetch-events?subject=type:id` lists its events."
+                },
+            ),
+            "sequence": fields.Integer(
+                required=True,
+                validate=validate.Range(min=1),
+                metadata={
+                    "description": "This event's place in its subject's life: 1 for the "
+                    "subject's first event, then one more for each next one, in publish order, "
+                    "without gaps (per brand and subject). The same on every retry and "
+                    'redelivery. An endpoint with `ordering: "subject"` gets a subject\'s '
+                    "events in this order; any receiver can use it to tell which came first.",
+                    "example": 3,
+                },
             ),
             "data": fields.Nested(
                 EVENT_DATA_SCHEMAS[name],

@@ -5,10 +5,18 @@ from __future__ import annotations
 from marshmallow import fields, validate
 
 from models.event_catalog import DEFAULT_SUBSCRIPTION, EVENT_NAMES
-from models.webhook_delivery import DELIVERY_STATUSES, RESPONSE_BODY_MAX_BYTES
+from models.webhook_delivery import (
+    DELIVERY_STATUSES,
+    RESPONSE_BODY_MAX_BYTES,
+    RESPONSE_HEADER_MAX_CHARS,
+    RESPONSE_HEADERS_MAX,
+)
 from models.webhook_endpoint import (
     DESCRIPTION_MAX_LENGTH,
+    MAX_CAMPAIGN_FILTER,
     MAX_OVERLAP_SECONDS,
+    NO_ORDERING,
+    ORDERINGS,
     URL_MAX_LENGTH,
 )
 from schemas.base import (
@@ -20,11 +28,19 @@ from schemas.base import (
     ResourceId,
     Timestamp,
 )
-from schemas.envelope import SortedPageQuerySchema
+from schemas.envelope import PageMetaSchema, SortedPageQuerySchema
 
 ENDPOINT_ID_EXAMPLE = "whe_01jd3kr7s9t1v3w5x7y9z1a3b5"
 DELIVERY_ID_EXAMPLE = "whd_01jd3kt0v2w4x6y8z0a2b4c6d8"
 SECRET_EXAMPLE = "whsec_9Tq2…"  # noqa: S105 - a truncated example
+# What a signing secret is and keys (CONTRACT 6.1 and 12.1), said once for register and rotate.
+_SIGNING_KEY_FORMAT = (
+    "`whsec_` + base64 of 32 random bytes, as Standard Webhooks has it: its libraries take it "
+    "as it is (`Webhook(signingSecret)`) and key `webhook-signature` with the decoded bytes; "
+    "`X-Service-Signature` is keyed with the whole string as UTF-8. A secret issued before "
+    "this format (`whsec_` + 38 base62 characters) keys both with the whole string until the "
+    "endpoint's secret is rotated. Shown this once: store it now."
+)
 _DEFAULT_EVENTS = ", ".join(f"`{name}`" for name in DEFAULT_SUBSCRIPTION)
 
 
@@ -85,6 +101,48 @@ def _dropped_events_field() -> fields.List:
     )
 
 
+_ORDERING_HELP = (
+    '`"none"`: deliveries start as soon as they are due, several at once, so a subject\'s '
+    "events may arrive out of order. `\"subject\"`: a subject's events (a deal's, a "
+    "campaign's: the body's `subject`) arrive one after another in `sequence` order; the next "
+    "goes once the one before it has ended (delivered, or failed after its last retry), while "
+    "other subjects' events flow at full speed. Applies to events published from then on; "
+    'turning it back to `"none"` sends every held delivery at once.'
+)
+_CAMPAIGNS_HELP = (
+    "Only events of these campaigns of the brand: a deal's events, the campaign's own, and "
+    "conversions attributed to one of its links (`webhook.*` events always pass). At most "
+    f"{MAX_CAMPAIGN_FILTER}; empty means every campaign's events, and events of no campaign "
+    "(`verification.completed`, an unattributed conversion) too. An id that is not one of the "
+    "brand's campaigns is a VALIDATION_ERROR naming it."
+)
+
+
+class CampaignFilter(fields.List):
+    """An endpoint's campaign filter as the API shows it: the ids, or `[]` for every campaign
+    (the model's null), so that a client reads one type."""
+
+    def _serialize(self, value, attr, obj, **kwargs):
+        return [] if value is None else super()._serialize(value, attr, obj, **kwargs)
+
+
+def _ordering_field(description: str, **options) -> fields.String:
+    return fields.String(
+        validate=validate.OneOf(ORDERINGS),
+        metadata={"description": description, "example": "subject"},
+        **options,
+    )
+
+
+def _campaign_ids_field(description: str, **options) -> fields.List:
+    return fields.List(
+        ResourceId("cmp", "campaign"),
+        validate=validate.Length(max=MAX_CAMPAIGN_FILTER),
+        metadata={"description": description, "example": []},
+        **options,
+    )
+
+
 def _previous_secret_field() -> Timestamp:
     return Timestamp(
         attribute="previous_secret_until",
@@ -109,6 +167,12 @@ class EndpointRegisterSchema(ApiSchema):
         "trimmed, and empty means none.",
         load_default=None,
     )
+    ordering = _ordering_field(
+        f"Default `{NO_ORDERING}`. " + _ORDERING_HELP, load_default=NO_ORDERING
+    )
+    campaign_ids = _campaign_ids_field(
+        _CAMPAIGNS_HELP + " Default: every campaign.", load_default=None, allow_none=True
+    )
 
 
 class EndpointUpdateSchema(ApiSchema):
@@ -124,6 +188,11 @@ class EndpointUpdateSchema(ApiSchema):
             "description": "`true` re-enables a disabled endpoint and resets "
             "`consecutiveFailures`; `false` disables it and fails its pending deliveries."
         }
+    )
+    ordering = _ordering_field("Replaces the ordering. " + _ORDERING_HELP)
+    campaign_ids = _campaign_ids_field(
+        "Replaces the campaign filter; `[]` or `null` removes it. " + _CAMPAIGNS_HELP,
+        allow_none=True,
     )
 
 
@@ -151,6 +220,22 @@ class EndpointSchema(ApiSchema):
     disabled_reason = fields.String(
         allow_none=True, metadata={"description": "Why the endpoint was disabled."}
     )
+    ordering = fields.String(
+        validate=validate.OneOf(ORDERINGS),
+        metadata={
+            "description": '`"subject"`: each subject\'s events arrive one after another; '
+            '`"none"`: as soon as they are due.',
+            "example": NO_ORDERING,
+        },
+    )
+    campaign_ids = CampaignFilter(
+        fields.String(),
+        metadata={
+            "description": "The campaigns whose events it receives (`webhook.*` always); "
+            "empty: every campaign's, and events of none.",
+            "example": [],
+        },
+    )
     previous_secret_expires_at = _previous_secret_field()
     created_at = Timestamp()
 
@@ -160,8 +245,7 @@ class IssuedEndpointSchema(EndpointSchema):
 
     signing_secret = fields.String(
         metadata={
-            "description": "HMAC-SHA256 key of `X-Service-Signature`. Shown this once: store "
-            "it now.",
+            "description": "The signing secret: " + _SIGNING_KEY_FORMAT,
             "example": SECRET_EXAMPLE,
         }
     )
@@ -191,7 +275,7 @@ class RotatedSecretSchema(ApiSchema):
     id = fields.String(metadata={"example": ENDPOINT_ID_EXAMPLE})
     signing_secret = fields.String(
         metadata={
-            "description": "The new secret. Shown this once: store it now.",
+            "description": "The new signing secret: " + _SIGNING_KEY_FORMAT,
             "example": SECRET_EXAMPLE,
         }
     )
@@ -223,6 +307,17 @@ class RecoveredSchema(ApiSchema):
             "description": "How many failed deliveries were queued again, each as a new "
             "delivery of the same event; 0 when there was nothing left to recover.",
             "example": 42,
+        }
+    )
+
+
+class RetriedPendingSchema(ApiSchema):
+    endpoint_id = fields.String(metadata={"example": ENDPOINT_ID_EXAMPLE})
+    due = fields.Integer(
+        metadata={
+            "description": "How many of its pending deliveries that were waiting for a retry "
+            "are due now; 0 when none was waiting.",
+            "example": 12,
         }
     )
 
@@ -355,6 +450,34 @@ class DeliveryListSchema(ApiSchema):
     deliveries = fields.List(fields.Nested(DeliverySchema), attribute="items")
 
 
+class OwnAttributes(fields.Nested):
+    """A nested object made of the parent's own attributes (`timings` groups four columns)."""
+
+    def get_value(self, obj, attr, accessor=None, default=None):
+        return obj
+
+
+def _step_ms(description: str) -> fields.Integer:
+    return fields.Integer(
+        allow_none=True,
+        metadata={"description": f"{description}, in milliseconds; null when it did not happen."},
+    )
+
+
+class AttemptTimingsSchema(ApiSchema):
+    """Where an attempt's time went; the rest of `durationMs` is sending the request and
+    reading the answer."""
+
+    dns_ms = _step_ms("Looking up the host's address (none for an address in the URL)")
+    connect_ms = _step_ms(
+        "The TCP connect (none when a kept-alive connection to the receiver was reused)"
+    )
+    tls_ms = _step_ms("The TLS handshake (none over http, or on a reused connection)")
+    first_byte_ms = _step_ms(
+        "From the request sent to the first byte of the answer (none without an answer)"
+    )
+
+
 class AttemptSchema(ApiSchema):
     attempt_number = fields.Integer(metadata={"description": "From 1."})
     requested_at = Timestamp()
@@ -368,7 +491,30 @@ class AttemptSchema(ApiSchema):
     request_headers = fields.Dict(
         keys=fields.String(),
         values=fields.String(),
-        metadata={"description": "The headers this attempt sent, signature included."},
+        metadata={
+            "description": "The headers this attempt sent, as sent (`Host`, `Content-Length` "
+            "and `User-Agent` among them), signatures included: they are HMACs, not the secret."
+        },
+    )
+    remote_address = fields.String(
+        allow_none=True,
+        metadata={
+            "description": "The IP address the attempt connected to; null when it connected "
+            "nowhere (refused before, or the name did not resolve).",
+            "example": "203.0.113.7",
+        },
+    )
+    timings = OwnAttributes(AttemptTimingsSchema)
+    response_headers = fields.Dict(
+        keys=fields.String(),
+        values=fields.String(),
+        allow_none=True,
+        metadata={
+            "description": f"The receiver's answer's headers: at most {RESPONSE_HEADERS_MAX}, "
+            f"each value at most {RESPONSE_HEADER_MAX_CHARS} characters, control characters "
+            "replaced; null when no answer came.",
+            "example": {"Content-Type": "application/json", "Server": "nginx"},
+        },
     )
 
 
@@ -383,6 +529,21 @@ class DeliveryDetailSchema(DeliverySchema):
 
 
 class DeliveryQuerySchema(SortedPageQuerySchema):
+    after = ResourceId(
+        "whd",
+        "delivery",
+        metadata={
+            "description": "Only the deliveries after this one in the list's order (newest "
+            "first: older ones; with `sortOrder=asc`: newer ones), with the same filters: pass "
+            "`meta.nextAfter` of the previous answer to read the next page. Unlike `page`, the "
+            "walk neither skips nor repeats a delivery when new ones arrive meanwhile, and "
+            "each page costs what the first does. `page` then pages through what follows "
+            "`after` (leave it at 1). An id of a delivery that retention has deleted goes on "
+            "from when it was made, with `meta.cursorExpired: true`; any other id that is not "
+            "a delivery of this brand is NOT_FOUND.",
+            "example": DELIVERY_ID_EXAMPLE,
+        },
+    )
     status = fields.String(validate=validate.OneOf(DELIVERY_STATUSES))
     retrying = QueryBoolean(
         metadata={
@@ -402,4 +563,25 @@ class DeliveryQuerySchema(SortedPageQuerySchema):
     endpoint_id = fields.String(
         validate=validate.Length(min=1, max=64),
         metadata={"description": "Only this endpoint's deliveries."},
+    )
+
+
+class DeliveryPageMetaSchema(PageMetaSchema):
+    """The log's paging (CONTRACT section 3) and its cursor, as the events feed has one."""
+
+    next_after = fields.String(
+        allow_none=True,
+        metadata={
+            "description": "Pass it as `after` for the next page: the last delivery listed, or "
+            "`after` itself when none came (null when neither). Following it walks the list "
+            "to its end, each delivery once.",
+            "example": DELIVERY_ID_EXAMPLE,
+        },
+    )
+    cursor_expired = fields.Boolean(
+        metadata={
+            "description": "True when `after` was a delivery retention has deleted: the list "
+            "goes on from when it was made.",
+            "example": False,
+        }
     )

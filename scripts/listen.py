@@ -11,17 +11,27 @@ A single file, standard library only (Python 3.9+): copy it anywhere, or run it 
   `--forward-to` with the body and headers of a real delivery (CONTRACT 6.1 and 8.1):
   `X-Service-Timestamp`, `X-Service-Signature`, `X-Service-Event`, `X-Service-Delivery` and
   the Standard Webhooks `webhook-id`, `webhook-timestamp`, `webhook-signature`, signed as the
-  service signs (HMAC-SHA256 keyed with the whole `whsec_…` secret). The secret is a local one:
-  printed at start, kept in the state file, or given with `--secret` (or `LISTEN_SECRET`). The
-  delivery id headers carry the event id: the relay makes one delivery of each event.
+  service signs (CONTRACT 12.1). The secret is a local one: printed at start, kept in the state
+  file, or given with `--secret` (or `LISTEN_SECRET`). One it makes is `whsec_` + base64 of 32
+  random bytes, so a Standard Webhooks library verifies with it as printed (`Webhook(secret)`);
+  an older one (any other `whsec_…`) signs as before, `webhook-signature` keyed with the whole
+  string. `webhook-id` and `X-Service-Delivery` carry the event id: the relay makes one
+  delivery of each event.
 - One line per event: time, type, event id, your receiver's status and how long it took.
 - The cursor (the last event forwarded) is saved after each event in a small state file
   (`--state`; default under ~/.local/state/brand-api-listen/), so after Ctrl-C, a crash, or the
   API or network going away it resumes where it stopped: no event lost, none forwarded twice.
   The first run starts with events published from then on; `--after EVENT_ID` starts after
   that event instead (to replay).
-- Your receiver answering anything (a 500 included) counts as forwarded: the line shows it. A
-  receiver that is not listening yet (connection refused) is waited for, the event kept.
+- Only a 2xx answer delivers an event, as for a real delivery. Any other answer (a 400 from a
+  receiver whose WEBHOOK_SECRET is not this relay's secret, a 500, a redirect, a timeout) is
+  shown on the event's line and the event is sent again with back-off (1 s doubling to 30 s),
+  the events after it held until it is delivered. A receiver that is not listening yet
+  (connection refused) is waited for, the event kept.
+- The API not answering, answering 5xx, or something that is not the API answering (a 404
+  page of another server on that port, a proxy's error) is waited out the same way, each line
+  saying what came back; only the API's own refusal (a wrong key, an unknown event name) stops
+  it, with the reason (exit status 2).
 - Ctrl-C (or SIGTERM) stops it cleanly, after the event being forwarded, if any.
 
 The API key can be given as `BRAND_API_KEY` instead of `--key`, which keeps it out of your shell
@@ -32,15 +42,16 @@ from __future__ import annotations
 
 import argparse
 import base64
+import binascii
 import datetime
 import hashlib
 import hmac
 import json
 import os
+import re
 import secrets
 import signal
 import socket
-import string
 import sys
 import tempfile
 import time
@@ -55,8 +66,11 @@ WAIT_SECONDS = 25  # the long-poll; the API allows up to 30
 PAGE_LIMIT = 100
 FORWARD_TIMEOUT = 10.0
 RETRY_MAX_SECONDS = 30.0
+ANSWER_READ_LIMIT = 65536  # bytes of an error answer read, to say what it was
+GLIMPSE_CHARACTERS = 80  # of an answer that is not the API's, shown in the relay's line
 SECRET_PREFIX = "whsec_"  # noqa: S105 - a prefix, not a secret
-_BASE62 = string.digits + string.ascii_letters
+SIGNING_KEY_BYTES = 32
+BASE64_KEY_LENGTH = 44  # padded base64 of 32 bytes; older secrets are base62 of another length
 
 
 class Stop(Exception):
@@ -68,7 +82,8 @@ class Fatal(Exception):
 
 
 class ApiUnavailable(Exception):
-    """The API could not be reached or answered 5xx: try again later, from the same cursor."""
+    """The API could not be reached, answered 5xx, or something else answered in its place:
+    try again later, from the same cursor. args: (what happened, seconds asked to wait)."""
 
 
 # ---- signing: exactly as services/signing.py signs a delivery ----
@@ -79,9 +94,23 @@ def sign(secret: str, timestamp: int, raw_body: bytes) -> str:
     return "sha256=" + mac.hexdigest()
 
 
+def standard_signing_key(secret: str) -> bytes:
+    """The key of `webhook-signature`: the 32 bytes a `whsec_` + base64 secret encodes, as the
+    Standard Webhooks libraries decode it; any other secret's whole string, as it always was."""
+    encoded = secret[len(SECRET_PREFIX) :]
+    if secret.startswith(SECRET_PREFIX) and len(encoded) == BASE64_KEY_LENGTH:
+        try:
+            key = base64.b64decode(encoded, validate=True)
+        except binascii.Error:
+            key = b""
+        if len(key) == SIGNING_KEY_BYTES and base64.b64encode(key).decode() == encoded:
+            return key
+    return secret.encode()
+
+
 def sign_standard(secret: str, message_id: str, timestamp: int, raw_body: bytes) -> str:
     message = message_id.encode() + b".%d." % timestamp + raw_body
-    mac = hmac.new(secret.encode(), message, hashlib.sha256).digest()
+    mac = hmac.new(standard_signing_key(secret), message, hashlib.sha256).digest()
     return "v1," + base64.b64encode(mac).decode()
 
 
@@ -102,20 +131,23 @@ def delivery_headers(secret: str, event: dict, raw_body: bytes, timestamp: int) 
 
 def delivery_body(event: dict, brand_id: str) -> bytes:
     """The body a delivery of the event sends, byte for byte: the events API gives its `id`,
-    `type`, `createdAt` and `data`; the brand and the API version complete it."""
+    `type`, `createdAt`, `subject`, `sequence` and `data`; the brand and the API version
+    complete it."""
     body = {
         "id": event["id"],
         "type": event["type"],
         "createdAt": event["createdAt"],
         "brandId": brand_id,
         "apiVersion": API_VERSION,
+        "subject": event["subject"],
+        "sequence": event["sequence"],
         "data": event["data"],
     }
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def new_secret() -> str:
-    return SECRET_PREFIX + "".join(secrets.choice(_BASE62) for _ in range(32))
+    return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(SIGNING_KEY_BYTES)).decode()
 
 
 # ---- the state file ----
@@ -165,6 +197,7 @@ class Api:
     def __init__(self, base: str, brand_id: str, key: str, types: str | None) -> None:
         base = base.rstrip("/")
         base = base[: -len("/api/v1")] if base.endswith("/api/v1") else base
+        self.base = base
         self.url = f"{base}/api/v1/brand/{urllib.parse.quote(brand_id)}/event/fetch-events"
         self.key = key
         self.types = types
@@ -184,31 +217,71 @@ class Api:
         )
         try:
             with self.opener.open(request, timeout=wait + 15) as response:
-                answer = json.loads(response.read())
+                status, raw = response.status, response.read()
         except urllib.error.HTTPError as error:
-            answer = _json_or_none(error)
-            if error.code == 429:
-                raise ApiUnavailable(
-                    "rate limited", _seconds(error.headers.get("Retry-After"))
-                ) from None
-            if error.code >= 500:
-                raise ApiUnavailable(f"HTTP {error.code}") from None
-            message = (answer or {}).get("message") or error.reason
-            details = (answer or {}).get("errors")
+            status, raw = error.code, _read_some(error)
+            if status == 429:
+                retry_after = _seconds(error.headers.get("Retry-After"))
+                raise ApiUnavailable("the API is rate limiting this key", retry_after) from None
+        except (OSError, ValueError) as error:  # refused, reset, timed out
+            raise ApiUnavailable(f"the API is unreachable ({_describe(error)})") from None
+        answer = _envelope(raw)
+        if status >= 500:
+            said = f": {answer['message']}" if answer else _glimpse(raw)
+            raise ApiUnavailable(f"the API is unreachable (HTTP {status}{said})")
+        if answer is None:
+            # Not the API: another server on that port, a proxy, a captive portal. It may be
+            # the API again later (a restart, a deploy), so it is waited out, not fatal.
+            raise ApiUnavailable(
+                f"{self.base} answered HTTP {status}, not as the Brand API does{_glimpse(raw)}; "
+                "is --api right?"
+            )
+        if not 200 <= status < 300:
+            details = answer.get("errors")
             raise Fatal(
-                f"the API refused: HTTP {error.code} {message}"
+                f"the API refused: HTTP {status} {answer.get('message')}"
                 + (f" {json.dumps(details)}" if details else "")
-            ) from None
-        except (OSError, ValueError) as error:  # refused, reset, timed out, cut-off JSON
-            raise ApiUnavailable(_describe(error)) from None
+            )
         return {"events": answer["data"]["events"], "meta": answer["meta"]}
 
 
-def _json_or_none(error: urllib.error.HTTPError) -> dict | None:
+def _read_some(error: urllib.error.HTTPError) -> bytes:
     try:
-        return json.loads(error.read())
-    except (OSError, ValueError):
+        return error.read(ANSWER_READ_LIMIT)
+    except OSError:
+        return b""
+
+
+def _envelope(raw: bytes) -> dict | None:
+    """The API's answer (CONTRACT's envelope), or None when the bytes are not one."""
+    try:
+        answer = json.loads(raw)
+    except ValueError:
         return None
+    if not isinstance(answer, dict) or "requestId" not in answer:
+        return None
+    if not isinstance(answer.get("statusCode"), int) or not isinstance(answer.get("message"), str):
+        return None
+    if 200 <= answer["statusCode"] < 300 and not (
+        isinstance(answer.get("data"), dict)
+        and isinstance(answer["data"].get("events"), list)
+        and isinstance(answer.get("meta"), dict)
+    ):
+        return None
+    return answer
+
+
+def _glimpse(raw: bytes) -> str:
+    """`: '<the first words of an answer>'`, printable text only (no markup, no terminal
+    escapes), for a line saying what came back."""
+    text = raw[:ANSWER_READ_LIMIT].decode("utf-8", "replace")
+    text = re.sub(r"<[^>]*>|\x1b\[[0-?]*[ -/]*[@-~]|\x1b.?", " ", text)  # markup, escapes
+    text = " ".join("".join(c if c.isprintable() else " " for c in text).split())
+    if not text:
+        return " (an empty body)"
+    if len(text) > GLIMPSE_CHARACTERS:
+        text = text[:GLIMPSE_CHARACTERS] + "…"
+    return f": {text!r}"
 
 
 def _seconds(value: str | None) -> float | None:
@@ -229,13 +302,26 @@ def _describe(error: BaseException) -> str:
 # ---- forwarding ----
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A delivery follows no redirect (CONTRACT 6.2: a 3xx fails), nor does the relay."""
+
+    def redirect_request(self, *args, **kwargs):
+        return None
+
+
+def delivered(status: str) -> bool:
+    """Whether the receiver's answer delivers the event: a 2xx, as for a real delivery."""
+    return status.isdigit() and 200 <= int(status) < 300
+
+
 def forward(url: str, body: bytes, headers: dict) -> tuple[str, float]:
-    """POST once: (what the receiver answered, milliseconds). ConnectionRefusedError when
-    nothing listens there."""
+    """POST once: (what the receiver answered: its status, or `error: …`; milliseconds).
+    ConnectionRefusedError when nothing listens there."""
     request = urllib.request.Request(  # noqa: S310 - http(s) only (parse_arguments)
         url, data=body, headers=headers, method="POST"
     )
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # local: no proxy
+    # Local: no proxy. No redirect followed.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirects())
     started = time.monotonic()
     try:
         with opener.open(request, timeout=FORWARD_TIMEOUT) as response:
@@ -283,7 +369,7 @@ class Relay:
                 delay = retry_after or pause
                 if waiting_since is None:
                     waiting_since = time.monotonic()
-                say(f"{_now()}  the API is unreachable ({reason}); trying again in {delay:.0f} s")
+                say(f"{_now()}  {reason}; trying again in {delay:.0f} s")
                 time.sleep(delay)
                 pause = min(pause * 2, RETRY_MAX_SECONDS)
                 continue
@@ -302,23 +388,24 @@ class Relay:
                 self.save(None)  # an expired cursor is the oldest kept event: start there
 
     def deliver(self, event: dict) -> None:
+        """Forward the event until the receiver takes it (a 2xx), then move the cursor past it."""
         self.busy = True
         try:
             body = delivery_body(event, self.arguments.brand)
-            status, milliseconds = self._forward_when_listening(event, body)
-            say(f"{_now()}  {event['type']:<28} {event['id']}  -> {status} ({milliseconds:.0f} ms)")
+            self._forward_until_delivered(event, body)
             self.save(event["id"])
         finally:
             self.busy = False
         if self.stop_asked:
             raise Stop
 
-    def _forward_when_listening(self, event: dict, body: bytes) -> tuple[str, float]:
+    def _forward_until_delivered(self, event: dict, body: bytes) -> None:
         told = False
+        pause = 1.0
         while True:
             headers = delivery_headers(self.secret, event, body, int(time.time()))
             try:
-                return forward(self.arguments.forward_to, body, headers)
+                status, milliseconds = forward(self.arguments.forward_to, body, headers)
             except ConnectionRefusedError:
                 if not told:
                     say(
@@ -326,13 +413,31 @@ class Relay:
                         f"holding {event['id']} until something does"
                     )
                     told = True
-                self.busy = False  # nothing is in flight while it waits: Ctrl-C may stop it
-                try:
-                    if self.stop_asked:
-                        raise Stop
-                    time.sleep(1.0)
-                finally:
-                    self.busy = True
+                self._wait(1.0)
+                continue
+            line = (
+                f"{_now()}  {event['type']:<28} {event['id']}  -> {status} ({milliseconds:.0f} ms)"
+            )
+            if delivered(status):
+                say(line)
+                return
+            hint = ""
+            if status in ("400", "401", "403") and pause == 1.0:
+                hint = " (a receiver checking signatures needs the signing secret printed above)"
+            say(f"{line}; not delivered, trying again in {pause:.0f} s{hint}")
+            self._wait(pause)
+            pause = min(pause * 2, RETRY_MAX_SECONDS)
+
+    def _wait(self, seconds: float) -> None:
+        """Sleep with nothing in flight: Ctrl-C may stop it here (the event is sent again on
+        the next run)."""
+        self.busy = False
+        try:
+            if self.stop_asked:
+                raise Stop
+            time.sleep(seconds)
+        finally:
+            self.busy = True
 
     def save(self, after: str | None) -> None:
         self.after = after
@@ -357,11 +462,10 @@ def _until_reachable(call):
         try:
             return call()
         except ApiUnavailable as problem:
-            say(
-                f"{_now()}  the API is unreachable ({problem.args[0]}); trying again in "
-                f"{pause:.0f} s"
-            )
-            time.sleep(pause)
+            reason, retry_after = (*problem.args, None)[:2]
+            delay = retry_after or pause
+            say(f"{_now()}  {reason}; trying again in {delay:.0f} s")
+            time.sleep(delay)
             pause = min(pause * 2, RETRY_MAX_SECONDS)
 
 

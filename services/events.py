@@ -13,19 +13,20 @@ import json
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import cast
 
-from sqlalchemy import ARRAY, String, Table, bindparam, insert, text
+from sqlalchemy import ARRAY, String, bindparam, text
 
 from extensions import db
 from models import WebhookDelivery, WebhookEvent
 from models.columns import new_id, utcnow
 from models.event_catalog import API_VERSION, EVENT_NAMES, is_event_name
+from models.event_subjects import EventSubject, event_subject
 from models.webhook_delivery import PENDING
-from models.webhook_endpoint import endpoint_is_open_sql
+from models.webhook_endpoint import SUBJECT_ORDERING, endpoint_is_open_sql
 from schemas.base import iso_timestamp
+from services.delivery_queue import READY_RECEIVING, queue_parameters
 from services.errors import ValidationFailed
-from services.wakeups import NOTIFY_BRAND_SQL, notify_brand
+from services.wakeups import NOTIFY_BRAND_SQL
 
 
 @dataclass(frozen=True)
@@ -44,9 +45,14 @@ def publish_event(
     now: datetime | None = None,
 ) -> PublishedEvent:
     """Record the event `name` for the brand and a pending delivery to every active endpoint
-    subscribed to it (or, with `only_endpoint_ids`, to those active endpoints whatever their
-    subscriptions: the test ping; with `except_endpoint_ids`, to the subscribed ones but those:
-    an operational event about one of them).
+    that receives it: subscribed to it, and either filtering no campaigns or filtering the
+    event's (`webhook.*` pass every filter). With `only_endpoint_ids`: to those active endpoints
+    whatever their subscriptions and filters (the test ping); with `except_endpoint_ids`: to the
+    receiving ones but those (an operational event about one of them).
+
+    The event gets its subject and its number in that subject's life (CONTRACT 12.2) in the
+    same statement: publishers of one subject take turns on its counter's row until each
+    commits, so the numbers are gapless and in commit order.
 
     The brand must exist (callers hold its records; `events emit` checks an id typed by hand):
     reading it again here would cost every postback a round trip.
@@ -62,8 +68,19 @@ def publish_event(
         raise ValidationFailed("Event data must be a JSON object", {"data": ["Not an object."]})
     now = now or utcnow()
     event_id = new_id("evt")
-    body = _dumps(_envelope(event_id, name, brand_id, now) | {"data": data})
-    event = WebhookEvent(id=event_id, brand_id=brand_id, name=name, body=body, created_at=now)
+    subject = event_subject(name, data, event_id=event_id)
+    body_head, body_tail = event_body_parts(
+        event_id=event_id, name=name, brand_id=brand_id, now=now, subject=subject, data=data
+    )
+    event = WebhookEvent(
+        id=event_id,
+        brand_id=brand_id,
+        name=name,
+        created_at=now,
+        subject_type=subject.type,
+        subject_id=subject.id,
+        campaign_id=subject.campaign_id,
+    )
     # The caller's pending changes first (a brand created in this transaction, say): the
     # event's rows go in through Core, which does not flush the session.
     db.session.flush()
@@ -76,7 +93,7 @@ def publish_event(
     elif except_endpoint_ids is not None:
         statement = _PUBLISH_TO_OTHERS
         parameters = {"except_endpoint_ids": list(except_endpoint_ids)}
-    delivered = (
+    rows = (
         db.session.connection()
         .execute(
             statement,
@@ -84,35 +101,87 @@ def publish_event(
                 "event_id": event_id,
                 "brand_id": brand_id,
                 "event_name": name,
-                "body": body,
+                "body_head": body_head,
+                "body_tail": body_tail,
                 "created_at": now,
                 "delivery_id_base": new_id("whd"),
+                **subject_parameters(subject),
+                **queue_parameters(),
                 **parameters,
             },
         )
         .all()
     )
-    return PublishedEvent(
-        event=event, delivery_ids=[row.id for row in delivered if row.id is not None]
-    )
+    event.sequence = rows[0].sequence
+    event.body = body_head + str(event.sequence) + body_tail
+    return PublishedEvent(event=event, delivery_ids=[row.id for row in rows if row.id is not None])
+
+
+def subject_parameters(subject: EventSubject) -> dict[str, str | None]:
+    """What the publishing statements bind of the event's subject."""
+    return {
+        "subject_type": subject.type,
+        "subject_id": subject.id,
+        "subject_key": subject.key,
+        "campaign_id": subject.campaign_id,
+    }
+
+
+def event_body_parts(
+    *,
+    event_id: str,
+    name: str,
+    brand_id: str,
+    now: datetime,
+    subject: EventSubject,
+    data: dict,
+    sequence: int | None = None,
+) -> tuple[str, str]:
+    """The body of an event, compact JSON, cut where its `sequence` goes: `head + N + tail`,
+    for the statement that numbers the event. With `sequence` known, the whole body is
+    `head + tail`."""
+    envelope = _envelope(event_id, name, brand_id, now) | {
+        "subject": {"type": subject.type, "id": subject.id}
+    }
+    head = _dumps(envelope)[:-1] + ',"sequence":'
+    tail = ',"data":' + _dumps(data) + "}"
+    if sequence is not None:
+        return head + str(sequence), tail
+    return head, tail
 
 
 def event_body_around(
-    *, event_id: str, name: str, brand_id: str, now: datetime, data: dict, keys: Sequence[str]
+    *,
+    event_id: str,
+    name: str,
+    brand_id: str,
+    now: datetime,
+    subject: EventSubject,
+    sequence: int,
+    data: dict,
+    keys: Sequence[str],
 ) -> tuple[str, str]:
-    """The body `publish_event` would write, cut where the consecutive `keys` of `data` go:
-    (head, tail) such that the body is `head + '"k1":v1,"k2":v2' + tail` (compact JSON, the
-    keys in that order). For a statement that learns those values itself and writes the event
-    in the same round trip (a postback's link, campaign and deal)."""
+    """The body `publish_event` would write (its `sequence` given), cut where the consecutive
+    `keys` of `data` go: (head, tail) such that the body is `head + '"k1":v1,"k2":v2' + tail`
+    (compact JSON, the keys in that order). For a statement that learns those values itself
+    and writes the event in the same round trip (a postback's link, campaign and deal)."""
     names = list(data)
     start = names.index(keys[0])
     if names[start : start + len(keys)] != list(keys):
         raise ValueError(f"{keys} are not consecutive in the event data")
     before = {key: data[key] for key in names[:start]}
     after = {key: data[key] for key in names[start + len(keys) :]}
+    envelope_head, _ = event_body_parts(
+        event_id=event_id,
+        name=name,
+        brand_id=brand_id,
+        now=now,
+        subject=subject,
+        data={},
+        sequence=sequence,
+    )
     # json.dumps writes an object as "{" + members joined by "," + "}": cut at the members.
-    head = _dumps(_envelope(event_id, name, brand_id, now))[:-1] + ',"data":'
-    head += _dumps(before)[:-1] + ("," if before else "")
+    head = envelope_head + ',"data":' + _dumps(before)[:-1] + ("," if before else "")
     tail = ("," if after else "") + _dumps(after)[1:] + "}"
     return head, tail
 
@@ -125,29 +194,24 @@ def deliver_again(
     now: datetime | None = None,
 ) -> list[str]:
     """One more delivery of each stored event, `(event id, event name)`, to one endpoint
-    (redeliver, recover): the same body, a new delivery id. Their ids, which sort in the order
-    given, so the worker sends them in that order."""
+    (redeliver, recover, resend): the same body, a new delivery id, due now. Their ids, which
+    sort in the order given, so the worker sends them in that order (an endpoint that orders
+    by subject holds each behind any earlier one of its subject still pending)."""
     now = now or utcnow()
     delivery_ids = [new_id("whd") for _ in events]
     if delivery_ids:
         db.session.execute(
-            _INSERT_DELIVERY,
-            [
-                {
-                    "id": delivery_id,
-                    "brand_id": brand_id,
-                    "endpoint_id": endpoint_id,
-                    "event_id": event_id,
-                    "event_name": event_name,
-                    "status": PENDING,
-                    "attempt_count": 0,
-                    "next_attempt_at": now,
-                    "created_at": now,
-                }
-                for delivery_id, (event_id, event_name) in zip(delivery_ids, events, strict=True)
-            ],
+            _DELIVER_AGAIN,
+            {
+                "delivery_ids": delivery_ids,
+                "event_ids": [event_id for event_id, _ in events],
+                "event_names": [event_name for _, event_name in events],
+                "brand_id": brand_id,
+                "endpoint_id": endpoint_id,
+                "created_at": now,
+                **queue_parameters(),
+            },
         )
-        notify_brand(brand_id)
     return delivery_ids
 
 
@@ -165,45 +229,123 @@ def _dumps(value: dict) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
-# A declarative model's `__table__` is typed as any FromClause; a mapped_column model's is a Table.
-_INSERT_DELIVERY = insert(cast(Table, WebhookDelivery.__table__))
-# Who receives an event, decided here only: the brand's open endpoints subscribed to it; for the
-# test ping (`only_endpoint_ids`), the brand's open endpoints among those named, whatever
-# their subscriptions; for an operational event (`except_endpoint_ids`), the subscribed ones
-# but the endpoint it is about.
-_SUBSCRIBED = endpoint_is_open_sql("endpoint") + " AND endpoint.events ? event.name"
+# Who receives an event, decided here only: the brand's open endpoints subscribed to it whose
+# campaign filter lets it through (CONTRACT 12.3); for the test ping (`only_endpoint_ids`), the
+# brand's open endpoints among those named, whatever their subscriptions and filters; for an
+# operational event (`except_endpoint_ids`), the receiving ones but the endpoint it is about.
+_FILTERED_IN = (
+    "(endpoint.campaign_ids IS NULL OR event.name LIKE 'webhook.%'"
+    " OR event.campaign_id = ANY(endpoint.campaign_ids))"
+)
+_SUBSCRIBED = (
+    endpoint_is_open_sql("endpoint") + " AND endpoint.events ? event.name AND " + _FILTERED_IN
+)
 _NAMED = endpoint_is_open_sql("endpoint") + " AND endpoint.id = ANY(:only_endpoint_ids)"
 _SUBSCRIBED_OTHERS = _SUBSCRIBED + " AND endpoint.id <> ALL(:except_endpoint_ids)"
 
-
-# The event, and a pending delivery to each endpoint that `{receives}` it (at most
-# MAX_ENDPOINTS_PER_BRAND, so two digits number them), as two CTEs of one statement: `event`
-# inserts the event from the rows of `{source}` (one row, or none to publish nothing) with the
-# body `{body}`, an SQL expression; `deliveries` returns each delivery's (id, endpoint_id). The
-# statement binds :event_id, :brand_id, :event_name, :created_at, :delivery_id_base and
-# :pending (PENDING).
-_PUBLISH_CTES_TEMPLATE = """
-    event AS (
-        INSERT INTO webhook_events (id, brand_id, name, body, created_at)
-        SELECT :event_id, :brand_id, :event_name, {body}, :created_at FROM {source}
-        RETURNING id, brand_id, name, created_at
-    ),
+# A pending delivery and its queue row for each endpoint of `receiving` (locked FOR KEY SHARE, so
+# that no claim decides those endpoints have nothing to do before this commits:
+# services/delivery_queue.py), and each endpoint's turn in the claim brought forward. Due now by
+# the database's clock. The queue row carries the event's subject for an endpoint that orders by
+# subject. Binds :delivery_id_base, :pending, :subject_key, :endpoint_limit, :probing_after;
+# `{deliveries_from}` gives `event` (id, brand_id, name, created_at, sequence) one row per
+# delivery, with `receiving`.
+_ENQUEUE_CTES = (
+    """
     deliveries AS (
         INSERT INTO webhook_deliveries (
             id, brand_id, endpoint_id, event_id, event_name, status, attempt_count,
             next_attempt_at, created_at
         )
-        SELECT :delivery_id_base
-                   || lpad(CAST(row_number() OVER (ORDER BY endpoint.id) AS TEXT), 2, '0'),
-               event.brand_id, endpoint.id, event.id, event.name, :pending, 0,
-               event.created_at, event.created_at
+        SELECT {delivery_id}, event.brand_id, receiving.id, event.id, event.name, :pending, 0,
+               statement_timestamp(), {created_at}
+        FROM {deliveries_from}
+        RETURNING id, endpoint_id, event_id
+    ),
+    queued AS (
+        INSERT INTO webhook_delivery_queue (
+            delivery_id, endpoint_id, next_attempt_at, attempt_count, subject_key, sequence
+        )
+        SELECT deliveries.id, deliveries.endpoint_id, statement_timestamp(), 0,
+               CASE WHEN receiving.ordering = :subject_ordering THEN {subject_key} END,
+               CASE WHEN receiving.ordering = :subject_ordering THEN event.sequence END
+        FROM deliveries
+        JOIN receiving ON receiving.id = deliveries.endpoint_id
+        JOIN {event_of_delivery}
+    ),
+"""  # noqa: S608 - constant SQL, put together at import
+    + READY_RECEIVING
+)
+
+_RECEIVING_COLUMNS = (
+    "endpoint.id, endpoint.ready_at, endpoint.next_probe_at, endpoint.consecutive_failures,"
+    " endpoint.ordering"
+)
+
+# The event and its fan-out, as CTEs of one statement:
+# - `subject_counted` (with `{sequence}` reading it) numbers the event in its subject's life; a
+#   subject's first event starts after any stored before its counter existed (a postback's
+#   conversion, numbered 1 without one);
+# - `event` inserts the event from the rows of `{source}` (one row, or none to publish nothing)
+#   with the body `{body}` and the campaign `{campaign}`, SQL expressions;
+# - `receiving` locks the endpoints that receive it, `deliveries`, `queued` and `readied` queue
+#   the work (above);
+# - `woken` sends the wake-up (services/wakeups.py) with the commit: a statement must read it
+#   (`WOKEN`) for PostgreSQL to run it.
+# The statement binds :event_id, :brand_id, :event_name, :created_at, :subject_type,
+# :subject_id, :subject_key and what `_ENQUEUE_CTES` binds.
+SUBJECT_COUNTED = """
+    subject_counted AS (
+        INSERT INTO webhook_event_subjects AS counter (
+            brand_id, subject_type, subject_id, last_sequence
+        )
+        SELECT given.brand_id, given.subject_type, given.subject_id,
+               1 + COALESCE((SELECT max(stored.sequence) FROM webhook_events AS stored
+                             WHERE stored.brand_id = given.brand_id
+                               AND stored.subject_type = given.subject_type
+                               AND stored.subject_id = given.subject_id), 0)
+        FROM (SELECT CAST(:brand_id AS varchar) AS brand_id,
+                     CAST(:subject_type AS varchar) AS subject_type,
+                     CAST(:subject_id AS varchar) AS subject_id) AS given
+        ON CONFLICT (brand_id, subject_type, subject_id)
+        DO UPDATE SET last_sequence = counter.last_sequence + 1
+        RETURNING last_sequence
+    ),"""
+COUNTED_SEQUENCE = "(SELECT last_sequence FROM subject_counted)"
+_PUBLISH_CTES_TEMPLATE = (
+    """
+    event AS (
+        INSERT INTO webhook_events (
+            id, brand_id, name, body, created_at, subject_type, subject_id, sequence,
+            campaign_id
+        )
+        SELECT :event_id, :brand_id, :event_name, {body}, :created_at, :subject_type,
+               :subject_id, {sequence}, {campaign}
+        FROM {source}
+        RETURNING id, brand_id, name, created_at, sequence, campaign_id
+    ),
+    receiving AS (
+        SELECT """  # noqa: S608 - constant SQL, put together at import
+    + _RECEIVING_COLUMNS
+    + """
         FROM event JOIN webhook_endpoints AS endpoint ON endpoint.brand_id = event.brand_id
         WHERE {receives}
-        RETURNING id, endpoint_id
-    ),
+        FOR KEY SHARE OF endpoint
+    ),"""
+    + _ENQUEUE_CTES.replace(
+        "{delivery_id}",
+        ":delivery_id_base || lpad(CAST(row_number() OVER (ORDER BY receiving.id) AS TEXT), 2,"
+        " '0')",
+    )
+    .replace("{created_at}", "event.created_at")
+    .replace("{deliveries_from}", "event CROSS JOIN receiving")
+    .replace("{event_of_delivery}", "event ON event.id = deliveries.event_id")
+    .replace("{subject_key}", ":subject_key")
+    + """,
     woken AS (
         SELECT {notify} FROM event
     )"""
+)
 
 
 def _publish_ctes(receives: str) -> str:
@@ -212,9 +354,8 @@ def _publish_ctes(receives: str) -> str:
     )
 
 
-# For statements that publish an event themselves (a postback's): `.format(source=, body=)`.
-# `woken` sends the wake-up (services/wakeups.py) with the commit: a statement must read it
-# (`WOKEN`) for PostgreSQL to run it.
+# For statements that publish an event themselves (a postback's):
+# `.format(source=, body=, sequence=, campaign=)`.
 PUBLISH_CTES = _publish_ctes(_SUBSCRIBED)
 WOKEN = "(SELECT count(*) FROM woken)"
 
@@ -222,14 +363,23 @@ WOKEN = "(SELECT count(*) FROM woken)"
 def _publish_statement(ctes: str):
     return text(
         "WITH"  # noqa: S608 - constant SQL, put together at import
-        + ctes.format(body=":body", source="(SELECT 1) AS one")
+        + SUBJECT_COUNTED
+        + ctes.format(
+            body=":body_head || CAST(" + COUNTED_SEQUENCE + " AS TEXT) || :body_tail",
+            source="(SELECT 1) AS one",
+            sequence=COUNTED_SEQUENCE,
+            campaign=":campaign_id",
+        )
         # One row even when no endpoint receives the event, so that the wake-up is sent.
-        + "\n    SELECT deliveries.id, deliveries.endpoint_id FROM "
+        + "\n    SELECT deliveries.id, deliveries.endpoint_id, "
+        + COUNTED_SEQUENCE
+        + " AS sequence FROM "
         + WOKEN
         + " AS notified LEFT JOIN deliveries ON true"
     ).bindparams(
         bindparam("created_at", type_=WebhookEvent.__table__.c.created_at.type),
         pending=PENDING,
+        subject_ordering=SUBJECT_ORDERING,
     )
 
 
@@ -239,4 +389,42 @@ _PUBLISH_TO_NAMED = _publish_statement(_publish_ctes(_NAMED)).bindparams(
 )
 _PUBLISH_TO_OTHERS = _publish_statement(_publish_ctes(_SUBSCRIBED_OTHERS)).bindparams(
     bindparam("except_endpoint_ids", type_=ARRAY(String))
+)
+
+# Stored events again to one endpoint, whatever its subscriptions (the caller checked it is
+# open): the same fan-out, for the events given (`given`: delivery id, event id, in order).
+_DELIVER_AGAIN = text(
+    """
+    WITH given AS (
+        SELECT * FROM unnest(CAST(:delivery_ids AS varchar[]), CAST(:event_ids AS varchar[]))
+                      WITH ORDINALITY AS given(delivery_id, event_id, place)
+    ),
+    receiving AS (
+        SELECT """  # noqa: S608 - constant SQL, put together at import
+    + _RECEIVING_COLUMNS
+    + """
+        FROM webhook_endpoints AS endpoint
+        WHERE endpoint.id = :endpoint_id AND endpoint.brand_id = :brand_id
+        FOR KEY SHARE OF endpoint
+    ),"""
+    + _ENQUEUE_CTES.replace("{delivery_id}", "given.delivery_id")
+    .replace("{created_at}", ":created_at")
+    .replace(
+        "{deliveries_from}",
+        "given JOIN webhook_events AS event ON event.id = given.event_id CROSS JOIN receiving",
+    )
+    .replace("{event_of_delivery}", "webhook_events AS event ON event.id = deliveries.event_id")
+    .replace("{subject_key}", "event.subject_type || ':' || event.subject_id")
+    + """,
+    woken AS (
+        SELECT """
+    + NOTIFY_BRAND_SQL.format(brand=":brand_id")
+    + """
+    )
+    SELECT count(*) FROM woken
+    """
+).bindparams(
+    bindparam("created_at", type_=WebhookDelivery.__table__.c.created_at.type),
+    pending=PENDING,
+    subject_ordering=SUBJECT_ORDERING,
 )

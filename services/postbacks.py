@@ -29,12 +29,16 @@ from sqlalchemy import BigInteger, String, Text, bindparam, select, text
 from extensions import db
 from models import Conversion, TrackedLink
 from models.columns import new_id, utcnow
+from models.event_subjects import CONVERSION as CONVERSION_SUBJECT
+from models.event_subjects import EventSubject
 from models.money import NGN
 from models.tracked_link import CONVERSION_COUNT_SLOTS
 from models.webhook_delivery import PENDING
+from models.webhook_endpoint import SUBJECT_ORDERING
 from schemas.events import event_data
+from services.delivery_queue import queue_parameters
 from services.errors import Conflict
-from services.events import PUBLISH_CTES, WOKEN, event_body_around
+from services.events import PUBLISH_CTES, WOKEN, event_body_around, subject_parameters
 from services.failpoints import failpoint
 from services.psycopg_direct import fetch_first_on_psycopg, psycopg_sql
 
@@ -143,12 +147,17 @@ def _record_in_one_statement(
     deliveries. The event's body is written by the statement around the link, campaign and
     deal it finds (`event_body_around`), byte for byte what `publish_event` would write."""
     event_id = new_id("evt")
+    # A conversion's life has one event, this one: the first of its subject, numbered 1 without
+    # a counter (a later event of it, `events emit` by hand, is numbered after it).
+    subject = EventSubject(type=CONVERSION_SUBJECT, id=conversion.id, campaign_id=None)
     # The event's data, less what only the statement knows: its link, campaign and deal.
     body_head, body_tail = event_body_around(
         event_id=event_id,
         name=CONVERSION_RECORDED,
         brand_id=conversion.brand_id,
         now=conversion.created_at,
+        subject=subject,
+        sequence=1,
         data=event_data(CONVERSION_RECORDED, conversion),
         keys=_FOUND_BY_THE_STATEMENT,
     )
@@ -163,7 +172,11 @@ def _record_in_one_statement(
         "delivery_id_base": new_id("whd"),
         "event_name": CONVERSION_RECORDED,
         "pending": PENDING,
+        "subject_ordering": SUBJECT_ORDERING,
+        **subject_parameters(subject),
+        **queue_parameters(),
     }
+    del parameters["campaign_id"]  # the statement's: the link's campaign
     parameters["new_metadata"] = Json(parameters["new_metadata"])
     recorded = fetch_first_on_psycopg(connection, _RECORD, parameters)
     if recorded is None:
@@ -283,6 +296,8 @@ _RECORD_STATEMENT = text(
     _TAKE_KEY_AND_COUNT  # noqa: S608 - constant SQL, put together at import
     + PUBLISH_CTES.format(
         source="conversion",
+        sequence="1",
+        campaign="conversion.campaign_id",
         body=":body_head"
         """ || '"linkId":' || coalesce(to_json(conversion.link_id)::text, 'null')"""
         """ || ',"campaignId":' || coalesce(to_json(conversion.campaign_id)::text, 'null')"""
@@ -302,6 +317,7 @@ _RECORD_STATEMENT = text(
     bindparam("event_name", type_=String()),
     bindparam("created_at", type_=_conversions["created_at"].type),
     bindparam("pending", type_=String()),
+    bindparam("subject_ordering", type_=String()),
 )
 # Every new postback runs it: through psycopg itself (services.psycopg_direct).
 _RECORD = psycopg_sql(_RECORD_STATEMENT)

@@ -11,7 +11,7 @@ from flask import current_app
 from sqlalchemy import CursorResult, func, select, update
 
 from extensions import db
-from models import ApiKey, WebhookEndpoint, credentials
+from models import ApiKey, Campaign, WebhookEndpoint, credentials
 from models.columns import utcnow
 from models.event_catalog import (
     DEFAULT_SUBSCRIPTION,
@@ -21,15 +21,19 @@ from models.event_catalog import (
     sample_data,
     supported_events,
 )
-from models.webhook_endpoint import DISABLED_REASON_MAX_LENGTH
+from models.webhook_endpoint import (
+    DISABLED_REASON_MAX_LENGTH,
+    MAX_CAMPAIGN_FILTER,
+    NO_ORDERING,
+)
 from schemas.events import event_data
 from services.brands import get_brand
-from services.deliveries import fail_pending_deliveries
+from services.delivery_queue import bring_retries_forward, fail_pending_deliveries, release_held
 from services.endpoint_health import disable_endpoint, enable_endpoint
 from services.endpoint_urls import UrlPolicy, validate_endpoint_url
 from services.errors import Conflict, NotFound, ValidationFailed
 from services.events import PublishedEvent, publish_event
-from services.secret_box import secret_box
+from services.secret_box import InvalidToken, secret_box
 
 # Every endpoint multiplies each event's deliveries; a brand needing more is worth a word.
 MAX_ENDPOINTS_PER_BRAND = 20
@@ -93,13 +97,17 @@ def register_endpoint(
     events: list[str] | None,
     policy: UrlPolicy,
     description: str | None = None,
+    ordering: str = NO_ORDERING,
+    campaign_ids: list[str] | None = None,
     now: datetime | None = None,
 ) -> IssuedEndpoint:
-    """:raise ValidationFailed: a URL against CONTRACT 6.3, or no supported event.
+    """:raise ValidationFailed: a URL against CONTRACT 6.3, no supported event, or a campaign
+        that is not the brand's (CONTRACT 12.3).
     :raise Conflict: the brand has `MAX_ENDPOINTS_PER_BRAND` endpoints already."""
     get_brand(brand_id)
     url = validate_endpoint_url(url, policy)
     subscription = resolve_subscription(events)
+    campaign_filter = resolve_campaign_filter(brand_id, campaign_ids)
     active_count = db.session.execute(
         select(func.count()).where(
             WebhookEndpoint.brand_id == brand_id, WebhookEndpoint.deleted_at.is_(None)
@@ -112,12 +120,14 @@ def register_endpoint(
             f"A brand may have at most {MAX_ENDPOINTS_PER_BRAND} endpoints; delete one first"
         )
     now = now or utcnow()
-    secret = credentials.generate_secret(credentials.SIGNING_SECRET_PREFIX)
+    secret = credentials.generate_signing_secret()
     endpoint = WebhookEndpoint(
         brand_id=brand_id,
         url=url,
         description=description,
         events=subscription.events,
+        ordering=ordering,
+        campaign_ids=campaign_filter,
         secret_ciphertext=secret_box().encrypt(secret),
         consecutive_failures=0,
         created_at=now,
@@ -145,6 +155,33 @@ def resolve_subscription(events: list[str] | None) -> Subscription:
             {"events": [f"{unsupported}Give at least one of: {', '.join(EVENT_NAMES)}."]},
         )
     return Subscription(events=subscribed, dropped_events=dropped)
+
+
+def resolve_campaign_filter(brand_id: str, campaign_ids: list[str] | None) -> list[str] | None:
+    """CONTRACT 12.3: the brand's campaigns an endpoint takes events of, each once, in the order
+    given; None (every campaign) for none.
+
+    :raise ValidationFailed: an id that is not a campaign of the brand (named), or too many."""
+    if not campaign_ids:
+        return None
+    wanted = list(dict.fromkeys(campaign_ids))
+    if len(wanted) > MAX_CAMPAIGN_FILTER:
+        raise ValidationFailed(
+            "Too many campaigns in the filter",
+            {"campaignIds": [f"At most {MAX_CAMPAIGN_FILTER} campaigns."]},
+        )
+    found = set(
+        db.session.scalars(
+            select(Campaign.id).where(Campaign.brand_id == brand_id, Campaign.id.in_(wanted))
+        )
+    )
+    unknown = [campaign_id for campaign_id in wanted if campaign_id not in found]
+    if unknown:
+        raise ValidationFailed(
+            "Not the brand's campaigns",
+            {"campaignIds": [f"No campaign with id {', '.join(unknown)} in this brand."]},
+        )
+    return wanted
 
 
 def list_endpoints(brand_id: str) -> list[WebhookEndpoint]:
@@ -186,10 +223,14 @@ def update_endpoint(
     events=_UNSET,
     description=_UNSET,
     is_active=_UNSET,
+    ordering=_UNSET,
+    campaign_ids=_UNSET,
     changed_by: ChangedBy | None = None,
     now: datetime | None = None,
 ) -> UpdatedEndpoint:
-    """Change any of `url`, `events`, `description`, `isActive` (CONTRACT 4 and 10).
+    """Change any of `url`, `events`, `description`, `isActive`, `ordering`, `campaignIds`
+    (CONTRACT 4, 10 and 12). Turning ordering off lets every delivery held behind an earlier
+    one of its subject go at once; turning it on orders the events published from then on.
     `isActive: true` re-enables a disabled endpoint with a clean failure count; `false` disables
     it, failing its pending deliveries, with a reason that says who did it and where
     (`changed_by`). An empty or null description removes it.
@@ -201,7 +242,16 @@ def update_endpoint(
     now = now or utcnow()
     new_url = validate_endpoint_url(url, policy) if url is not _UNSET else None
     subscription = resolve_subscription(events) if events is not _UNSET else None
+    campaign_filter = (
+        resolve_campaign_filter(brand_id, campaign_ids) if campaign_ids is not _UNSET else _UNSET
+    )
     endpoint = get_endpoint(brand_id, endpoint_id, for_update=True)
+    if campaign_filter is not _UNSET:
+        endpoint.campaign_ids = campaign_filter
+    if ordering is not _UNSET and ordering != endpoint.ordering:
+        endpoint.ordering = ordering
+        if ordering == NO_ORDERING:
+            release_held([endpoint.id], now=now)
     if new_url is not None:
         endpoint.url = new_url
     if subscription is not None:
@@ -253,7 +303,7 @@ def rotate_signing_secret(
     signing at once."""
     now = now or utcnow()
     endpoint = get_endpoint(brand_id, endpoint_id, for_update=True)
-    secret = credentials.generate_secret(credentials.SIGNING_SECRET_PREFIX)
+    secret = credentials.generate_signing_secret()
     if overlap_seconds > 0:
         endpoint.previous_secret_ciphertext = endpoint.secret_ciphertext
         endpoint.previous_secret_expires_at = now + timedelta(seconds=overlap_seconds)
@@ -264,6 +314,17 @@ def rotate_signing_secret(
     endpoint.updated_at = now
     db.session.flush()
     return IssuedEndpoint(record=endpoint, signing_secret=secret)
+
+
+def signs_with_an_older_secret(endpoint: WebhookEndpoint) -> bool:
+    """True when the endpoint's current signing secret was issued before secrets were base64
+    (CONTRACT 12.1): Standard Webhooks libraries need it as bytes until it is rotated. A secret
+    no configured key decrypts (the worker cannot sign with it either) counts as current."""
+    try:
+        secret = secret_box().decrypt(endpoint.secret_ciphertext)
+    except InvalidToken:
+        return False
+    return not credentials.is_base64_signing_secret(secret)
 
 
 def forget_expired_previous_secrets(*, now: datetime) -> int:
@@ -292,6 +353,21 @@ def delete_endpoint(
     db.session.flush()
     fail_pending_deliveries(endpoint.id, error="Endpoint deleted")
     return endpoint
+
+
+def retry_pending(*, brand_id: str, endpoint_id: str, now: datetime | None = None) -> int:
+    """CONTRACT 12.4: every pending delivery of the endpoint waiting for a retry becomes due now
+    (the claim keeps its in-flight limit, and a receiver's Retry-After is overridden: a person
+    said it is fixed); how many.
+
+    :raise NotFound: no such endpoint, or it is disabled or deleted."""
+    endpoint = get_endpoint(brand_id, endpoint_id, for_update=True)
+    if not endpoint.is_active:
+        raise NotFound(
+            f"Webhook endpoint {endpoint_id!r} is disabled; re-enable it with update-endpoint "
+            "and its failed deliveries can be recovered"
+        )
+    return bring_retries_forward(endpoint.id, override_retry_after=True, now=now)
 
 
 def send_test_ping(*, brand_id: str, endpoint_id: str, now: datetime | None = None) -> str:

@@ -14,6 +14,7 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
 from models.event_catalog import sample_data
+from models.event_subjects import event_subject
 
 _DOCUMENT = "urn:brand-api:openapi"
 FORMATS = Draft202012Validator.FORMAT_CHECKER
@@ -90,12 +91,17 @@ def contract_of(app: Flask) -> WebhookContract:
 
 
 def sample_body(name: str) -> dict[str, Any]:
-    """A delivery's body of the event `name` with the catalogue's sample data."""
+    """A delivery's body of the event `name` with the catalogue's sample data, the first event
+    of its subject."""
+    event_id = "evt_01jd3kw3x5y7z9a1b3c5d7e9f1"
+    subject = event_subject(name, sample_data(name), event_id=event_id)
     return {
-        "id": "evt_01jd3kw3x5y7z9a1b3c5d7e9f1",
+        "id": event_id,
         "type": name,
         "createdAt": "2026-11-20T08:15:00.000Z",
         "brandId": "brd_01jd3k7a9b1c3d5e7f9g1h3j5k",
         "apiVersion": "1",
+        "subject": {"type": subject.type, "id": subject.id},
+        "sequence": 1,
         "data": sample_data(name),
     }

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import itertools
 import re
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from sqlalchemy import select, update
 
 from extensions import db
-from models import WebhookDelivery, WebhookEndpoint
+from models import QueuedDelivery, WebhookDelivery, WebhookEndpoint
 from models.columns import utcnow
 from services.delivery_attempts import claim_attempts
 from services.endpoint_urls import UrlPolicy
@@ -57,6 +58,15 @@ def pending_delivery(brand: str, endpoint_id: str) -> str:
         .where(WebhookDelivery.id == published.delivery_ids[0])
         .values(endpoint_id=endpoint_id)
     )
+    db.session.execute(
+        update(QueuedDelivery)
+        .where(QueuedDelivery.delivery_id == published.delivery_ids[0])
+        .values(endpoint_id=endpoint_id)
+    )
+    # Its turn, as the publish gave its twin (a claim reads only endpoints whose turn came).
+    db.session.execute(
+        update(WebhookEndpoint).where(WebhookEndpoint.id == endpoint_id).values(ready_at=utcnow())
+    )
     db.session.commit()
     return published.delivery_ids[0]
 
@@ -82,7 +92,9 @@ def test_every_path_that_decides_open_agrees(app, brand, disabled, deleted):
         }
 
         delivery_id = pending_delivery(brand, endpoint_id)
-        claimed = claim_attempts(slots=10, endpoint_limit=10, token="0000aaaa")
+        claimed = claim_attempts(
+            slots=10, endpoint_limit=10, token="0000aaaa", lease=timedelta(seconds=15)
+        )
         db.session.commit()
 
         answers = {

@@ -9,16 +9,19 @@ import re
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from rq import Worker
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from extensions import db
-from models import WebhookDelivery, WebhookEvent
+from models import QueuedDelivery, WebhookDelivery, WebhookEvent
+from models.columns import utcnow
 from models.event_catalog import EVENT_NAMES, sample_data
 from services.events import publish_event
+from tests.delivery_states import settle
 from tests.helpers import assert_success
 from tests.worker_process import WorkerProcess
 from workers.connection import redis_connection
@@ -301,11 +304,7 @@ def test_recover_prints_how_many_failures_it_queued_again(app, runner, brand, wr
     )
     with app.app_context():
         failed = publish_event(brand_id=brand, name="deal.completed", data={}).delivery_ids[0]
-        db.session.execute(
-            WebhookDelivery.__table__.update()
-            .where(WebhookDelivery.id == failed)
-            .values(status="failed", next_attempt_at=None)
-        )
+        settle([failed], "failed")
         db.session.commit()
     since = "2020-01-01T00:00:00+00:00"
     too_old = runner.invoke(args=["events", "recover", brand, endpoint["id"], "--since", since])
@@ -318,3 +317,66 @@ def test_recover_prints_how_many_failures_it_queued_again(app, runner, brand, wr
     assert again.stdout.strip() == "0"
     unknown = runner.invoke(args=["events", "recover", brand, "whe_nope", "--since", recent])
     assert unknown.exit_code != 0 and "whe_nope" in unknown.output
+
+
+def wait_for_a_retry_in_an_hour(app, delivery_id: str) -> None:
+    """The delivery's first attempt failed and its retry is an hour away (as the worker leaves
+    it after a 500 with WEBHOOK_RETRY_SCHEDULE=3600)."""
+    later = utcnow() + timedelta(hours=1)
+    with app.app_context():
+        db.session.execute(
+            update(QueuedDelivery)
+            .where(QueuedDelivery.delivery_id == delivery_id)
+            .values(attempt_count=1, next_attempt_at=later)
+        )
+        db.session.execute(
+            update(WebhookDelivery)
+            .where(WebhookDelivery.id == delivery_id)
+            .values(attempt_count=1, next_attempt_at=later, http_status=500, last_error="HTTP 500")
+        )
+        db.session.commit()
+
+
+def test_retry_pending_prints_how_many_are_due_now(app, app_environ, client, brand, write_key):
+    endpoint = register(client, brand, write_key, ["deal.completed"])
+    with app.app_context():
+        published = [
+            publish_event(brand_id=brand, name="deal.completed", data={"id": f"deal_{n}"})
+            for n in range(3)
+        ]
+        db.session.commit()
+    for event in published[:2]:
+        wait_for_a_retry_in_an_hour(app, event.delivery_ids[0])
+    retrying = call(client, brand, write_key, "GET", "webhook/fetch-deliveries?retrying=true")
+    assert all(d["nextRetryAt"] > d["createdAt"] for d in retrying["deliveries"])
+
+    result = flask_command(app_environ, "events", "retry-pending", brand, endpoint)
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "2\n"
+    for delivery in deliveries(client, brand, write_key):
+        assert delivery["nextRetryAt"] is None or delivery["nextRetryAt"] <= iso_now()
+    again = flask_command(app_environ, "events", "retry-pending", brand, endpoint)
+    assert (again.returncode, again.stdout) == (0, "0\n")
+
+
+def test_retry_pending_of_an_unknown_brand_or_endpoint_is_a_one_line_error(
+    app_environ, client, brand, write_key
+):
+    endpoint = register(client, brand, write_key, ["deal.completed"])
+    for arguments, named in (
+        (("brd_01jd3k7a9b1c3d5e7f9g1h3j5k", endpoint), "brd_01jd3k7a9b1c3d5e7f9g1h3j5k"),
+        ((brand, "whe_01jd3kr7s9t1v3w5x7y9z1a3b5"), "whe_01jd3kr7s9t1v3w5x7y9z1a3b5"),
+    ):
+        result = flask_command(app_environ, "events", "retry-pending", *arguments)
+        assert result.returncode != 0
+        assert result.stdout == ""
+        assert result.stderr.strip().count("\n") == 0 and named in result.stderr, result.stderr
+    path = f"webhook/{endpoint}/update-endpoint"
+    call(client, brand, write_key, "PATCH", path, json={"isActive": False})
+    disabled = flask_command(app_environ, "events", "retry-pending", brand, endpoint)
+    assert disabled.returncode != 0 and "disabled" in disabled.stderr
+
+
+def iso_now() -> str:
+    return utcnow().isoformat(timespec="milliseconds").replace("+00:00", "Z")

@@ -1,10 +1,13 @@
 """scripts/listen.py, the relay a brand developer runs on a laptop, against a real gunicorn server
 and a real receiver on 127.0.0.1: it forwards each event as a delivery would arrive (verified
-with the receiver's own HMAC code and with the `standardwebhooks` package), survives the API
-going away and coming back, and resumes after Ctrl-C without losing or repeating an event."""
+with the receiver's own HMAC code, with the `standardwebhooks` package and by the bundled
+scripts/webhook_receiver.py), sends an event again until the receiver takes it, survives the API
+going away and something else answering in its place, and resumes after Ctrl-C without losing
+or repeating an event."""
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import signal
@@ -13,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -27,7 +31,11 @@ from tests.server_process import ServerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 LISTEN = ROOT / "scripts" / "listen.py"
+# A secret given with --secret that is not base64 (as the relay made them, and as endpoints' were
+# before CONTRACT 12.1): it signs as before, webhook-signature keyed with the whole string.
 SECRET = "whsec_relayTestSecret0123456789abcdefXYZ"
+# One of the current format, as register, rotate and the relay itself issue them.
+BASE64_SECRET = "whsec_" + base64.b64encode(bytes(range(32))).decode()
 
 
 def free_port() -> int:
@@ -41,7 +49,9 @@ def free_port() -> int:
 class Relay:
     """`python3 scripts/listen.py …` as a developer runs it, its output collected line by line."""
 
-    def __init__(self, api: str, brand: str, key: str, forward_to: str, state: Path, *extra):
+    def __init__(
+        self, api: str, brand: str, key: str, forward_to: str, state: Path, *extra, ready=True
+    ):
         self.lines: list[str] = []
         self._changed = threading.Condition()
         self.process = subprocess.Popen(
@@ -64,7 +74,8 @@ class Relay:
             text=True,
         )
         threading.Thread(target=self._read, daemon=True).start()
-        self.wait_for_line("listening on")
+        if ready:
+            self.wait_for_line("listening on")
 
     def _read(self) -> None:
         for line in self.process.stdout:
@@ -177,7 +188,7 @@ def test_the_relay_forwards_each_event_as_a_delivery_signed_with_its_secret(
                 select(WebhookEvent.id, WebhookEvent.body).where(WebhookEvent.id.in_(published))
             ).all()
         )
-    webhook = Webhook(SECRET.encode())
+    webhook = Webhook(SECRET.encode())  # not base64: the library takes it as bytes
     for request in received:
         event_id = request.json["id"]
         # The very bytes a delivery of the event sends.
@@ -197,7 +208,7 @@ def test_the_relay_forwards_each_event_as_a_delivery_signed_with_its_secret(
         ), line
 
 
-def test_only_the_events_asked_for_and_the_receivers_answer_on_each_line(
+def test_a_refused_event_is_sent_again_with_back_off_and_holds_the_next(
     app, brand, read_key, api, api_port, local_receiver, relays, tmp_path
 ):
     relay = Relay(
@@ -210,18 +221,173 @@ def test_only_the_events_asked_for_and_the_receivers_answer_on_each_line(
         "escrow.released",
     )
     relays.append(relay)
-    local_receiver.reply_with(Reply(status=500, body=b"boom"))
+    redirect = Reply(status=302, headers={"Location": local_receiver.url})
+    local_receiver.reply_with(Reply(status=400), Reply(status=500, body=b"boom"), redirect)
     publish(app, brand, "deal.completed")
     [first] = publish(app, brand, "escrow.released")
     publish(app, brand, "deal.completed")
     [second] = publish(app, brand, "escrow.released")
-    local_receiver.wait_for(2)
-    assert forwarded_ids(local_receiver) == [first, second]
-    assert "-> 500 (" in relay.wait_for_line(first)  # shown, and the relay goes on
-    # The secret it made up is shown and kept: a receiver configured with it verifies.
-    secret = re.search(r"Signing secret: (whsec_\w+)", relay.output).group(1)
-    request = local_receiver.received[1]
-    assert Webhook(secret.encode()).verify(request.body, request.headers)["id"] == second
+    local_receiver.wait_for(5, timeout=30)  # 1 + 2 + 4 s of back-off
+    # Only what was asked for; the first until a 2xx took it, the second only after.
+    assert forwarded_ids(local_receiver) == [first, first, first, first, second]
+    lines = [line for line in relay.lines if first in line]
+    expected = [
+        r"-> 400 \(\d+ ms\); not delivered, trying again in 1 s \(a receiver checking signatures "
+        r"needs the signing secret printed above\)$",
+        r"-> 500 \(\d+ ms\); not delivered, trying again in 2 s$",
+        r"-> 302 \(\d+ ms\); not delivered, trying again in 4 s$",  # no redirect is followed
+        r"-> 200 \(\d+ ms\)$",
+    ]
+    assert len(lines) == len(expected), relay.output
+    for line, pattern in zip(lines, expected, strict=True):
+        assert re.search(rf"{first}  {pattern}", line), line
+    relay.wait_for_line(second)
+    # The secret it made up is shown and kept: `whsec_` + base64 of 32 bytes, so the library
+    # verifies with it as printed, as it does a delivery of the service (CONTRACT 12.1).
+    secret = re.search(r"Signing secret: (whsec_\S+) ", relay.output).group(1)
+    assert re.fullmatch(r"whsec_[A-Za-z0-9+/]{43}=", secret), secret
+    request = local_receiver.received[-1]
+    assert {name.lower(): value for name, value in request.headers.items()}["webhook-id"] == second
+    assert Webhook(secret).verify(request.body, request.headers)["id"] == second
+
+
+def test_the_bundled_receiver_verifies_the_relay_given_its_secret(
+    app, brand, read_key, api, api_port, relays, tmp_path
+):
+    """The README's pair: scripts/webhook_receiver.py with WEBHOOK_SECRET, the relay with the same
+    secret in --secret (an endpoint's, base64: the receiver checks both signature headers). With
+    another secret the receiver refuses each event, the relay says so and keeps it; run again
+    with the right one, it delivers that event."""
+    receiver = BundledReceiver(tmp_path / "receiver.log", BASE64_SECRET)
+    try:
+        state = tmp_path / "state.json"
+        arguments = (f"http://127.0.0.1:{api_port}", brand, read_key, receiver.url, state)
+        wrong = Relay(*arguments, "--secret", "whsec_notTheReceiversSecret0123456789ab")
+        relays.append(wrong)
+        [event] = publish(app, brand)
+        line = wrong.wait_for_line("not delivered")
+        assert re.search(rf"{event}  -> 400 \(\d+ ms\); not delivered, trying again in 1 s", line)
+        wrong.wait_for_line("trying again in 2 s")
+        assert wrong.interrupt() == 0
+        assert f"resumes after {event}" not in wrong.output  # it was not delivered
+
+        right = Relay(*arguments, "--secret", BASE64_SECRET)
+        relays.append(right)
+        assert re.search(rf"{event}  -> 200 \(\d+ ms\)$", right.wait_for_line(event))
+        [later] = publish(app, brand)
+        assert re.search(rf"{later}  -> 200 \(\d+ ms\)$", right.wait_for_line(later))
+        event_lines = receiver.lines_of(event)
+        assert len(event_lines) >= 3, receiver.output  # refused twice at least, then taken
+        assert all("(SIGNATURE INVALID)" in line for line in event_lines[:-1]), receiver.output
+        assert "(signature OK)" in event_lines[-1], receiver.output
+        assert ["(signature OK)" in line for line in receiver.lines_of(later)] == [True]
+    finally:
+        receiver.stop()
+
+
+class BundledReceiver:
+    """scripts/webhook_receiver.py as the README runs it, its output in a file."""
+
+    def __init__(self, log: Path, secret: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/hooks"
+        self.log = log
+        with open(log, "wb") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, str(ROOT / "scripts" / "webhook_receiver.py"), str(self.port)],
+                env={"PATH": os.environ["PATH"], "WEBHOOK_SECRET": secret, "PYTHONUNBUFFERED": "1"},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + 20
+        while "listening on" not in self.output:
+            assert self.process.poll() is None and time.monotonic() < deadline, self.output
+            time.sleep(0.05)
+
+    @property
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def lines_of(self, delivery_id: str) -> list[str]:
+        """The receiver's line for each request that carried this delivery id."""
+        return [line for line in self.output.splitlines() if f" {delivery_id} (" in line]
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(10)
+
+
+class ForeignServer:
+    """Something that is not the API on the port the relay was given: answers from a script."""
+
+    def __init__(self, answers: list[tuple[int, bytes]]) -> None:
+        self.answers = list(answers)
+        self.requests = 0
+        foreign = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                status, body = foreign.answers[min(foreign.requests, len(foreign.answers) - 1)]
+                foreign.requests += 1
+                self.send_response(status)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_something_else_answering_for_the_api_is_waited_out_and_said(
+    app, app_environ, brand, read_key, local_receiver, relays, tmp_path
+):
+    """A 404 page of another server (then a 200 page) where the API should be: the relay says
+    what came back, cleaned of markup and terminal escapes, and tries again with back-off;
+    once the API answers there, it starts and forwards."""
+    page = b"<html><h1>Not Found</h1>\x1b[2J<p>The requested URL\nwas not found here.</p></html>"
+    foreign = ForeignServer([(404, page), (404, page), (200, b"<html>It works!</html>")])
+    port = foreign.port
+    relay = Relay(
+        f"http://127.0.0.1:{port}",
+        brand,
+        read_key,
+        local_receiver.url,
+        tmp_path / "state.json",
+        ready=False,
+    )
+    relays.append(relay)
+    said = (
+        f"http://127.0.0.1:{port} answered HTTP 404, not as the Brand API does: "
+        "'Not Found The requested URL was not found here.'; is --api right?; trying again in"
+    )
+    relay.wait_for_line(f"{said} 2 s")
+    said_lines = [line for line in relay.lines if said in line]
+    assert [line.removeprefix(line[: line.index(said)]) for line in said_lines] == [
+        f"{said} 1 s",
+        f"{said} 2 s",
+    ]
+    relay.wait_for_line("answered HTTP 200, not as the Brand API does: 'It works!'")
+    assert relay.process.poll() is None, relay.output
+    assert "\x1b" not in relay.output and "<h1>" not in relay.output
+
+    foreign.close()
+    server = ServerProcess(app_environ, threads=None, worker_class=None, port=port)
+    try:
+        relay.wait_for_line("Ready: listening on", timeout=60)
+        [event] = publish(app, brand)
+        local_receiver.wait_for(1)
+        assert forwarded_ids(local_receiver) == [event]
+    finally:
+        server.stop()
 
 
 def test_the_relay_survives_the_api_restarting_and_loses_nothing(

@@ -74,6 +74,24 @@ def test_create_key_is_documented_with_its_schemas_and_credential(client):
     assert {"400", "401", "403", "413"} <= set(operation["responses"])
 
 
+def test_every_operation_that_reads_a_body_documents_the_415_and_only_those(client):
+    spec = document(client)
+    component = spec["components"]["responses"]["UnsupportedMediaType"]
+    assert component["description"].startswith("UNSUPPORTED_MEDIA_TYPE: ")
+    example = component["content"]["application/json"]["example"]
+    assert example["errorCode"] == "UNSUPPORTED_MEDIA_TYPE" and example["statusCode"] == 415
+    operations = [op for item in spec["paths"].values() for op in item.values()]
+    with_body = [op for op in operations if "requestBody" in op]
+    assert len(with_body) >= 7
+    for operation in operations:
+        documented = operation["responses"].get("415")
+        if "requestBody" in operation:
+            assert documented == {"$ref": "#/components/responses/UnsupportedMediaType"}
+            assert list(operation["requestBody"]["content"]) == ["application/json"]
+        else:
+            assert documented is None, operation["operationId"]
+
+
 def test_listing_schema_has_no_secret(client):
     spec = document(client)
     operation = spec["paths"]["/brand/{brandId}/api-key/fetch-keys"]["get"]
@@ -212,7 +230,8 @@ def test_every_authenticated_route_documents_429_its_scope_and_rate_limit_header
     spec = document(client)
     for operation_id, (_method, _path, operation) in operations_of(spec).items():
         assert "security" in operation, operation_id
-        assert operation["responses"]["429"] == {"$ref": "#/components/responses/RateLimited"}
+        if operation_id != "fetchEvents":  # its own 429 adds the long-poll caps (below)
+            assert operation["responses"]["429"] == {"$ref": "#/components/responses/RateLimited"}
         assert {"401", "403", "500", "503"} <= set(operation["responses"]), operation_id
         assert operation["x-required-scope"] in {"read", "write", "any", "bootstrap-token"}
     scopes = {name: op["x-required-scope"] for name, (_m, _p, op) in operations_of(spec).items()}
@@ -227,6 +246,26 @@ def test_every_authenticated_route_documents_429_its_scope_and_rate_limit_header
     )
     _method, _path, fetch_keys = operations_of(spec)["fetchKeys"]
     assert "RateLimit-Remaining" in fetch_keys["responses"]["200"]["headers"]
+
+
+def test_fetch_events_429_states_the_long_poll_caps(client):
+    """A long-poll past its key's or its server's cap is refused 429
+    (tests/test_event_wait_caps.py); the document says so where a client looks: that 429."""
+    spec = document(client)
+    _method, _path, fetch_events = operations_of(spec)["fetchEvents"]
+    refused = fetch_events["responses"]["429"]
+    shared = spec["components"]["responses"]["RateLimited"]
+    assert refused["description"].startswith(shared["description"])
+    for rule in ("EVENT_WAITS_PER_KEY", "(default 10)", "EVENT_WAITS_PER_PROCESS", "(default 128"):
+        assert rule in refused["description"]
+    assert refused["headers"] == shared["headers"]
+    assert refused["headers"]["Retry-After"]["required"] is True
+    example = refused["content"]["application/json"]["example"]
+    assert (example["status"], example["statusCode"], example["errorCode"]) == (
+        False,
+        429,
+        "RATE_LIMITED",
+    )
 
 
 def test_id_filters_and_labels_state_the_patterns_their_validators_use(client):

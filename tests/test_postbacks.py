@@ -4,6 +4,7 @@ conversions back. Concurrency and crashes against a real server: test_postback_c
 
 from __future__ import annotations
 
+import base64
 import json
 from datetime import UTC, datetime, timedelta
 
@@ -15,7 +16,7 @@ from models import Conversion, TrackedLinkConversionCount, WebhookDelivery, Webh
 from models.event_catalog import sample_data
 from models.tracked_link import CONVERSION_COUNT_SLOTS
 from schemas.conversions import ConversionSchema
-from tests.helpers import assert_error, assert_success
+from tests.helpers import EVENT_ENVELOPE_KEYS, assert_error, assert_success
 from tests.platform_factory import PlatformFactory
 
 AT = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
@@ -542,14 +543,18 @@ def test_metadata_nested_too_deep_is_refused(app, shop):
     ],
     ids=["value", "nested-in-list", "inside-text", "as-key", "padded"],
 )
-@pytest.mark.parametrize("kind", ["api-key", "bootstrap-token", "signing-secret"])
+@pytest.mark.parametrize(
+    "kind", ["api-key", "bootstrap-token", "signing-secret", "older-signing-secret"]
+)
 def test_metadata_carrying_a_credential_is_refused_without_echoing_it(
     app, shop, make_bootstrap_token, metadata, kind
 ):
     secret = {
         "api-key": shop.write_key,
         "bootstrap-token": make_bootstrap_token(shop.brand),
-        "signing-secret": "whsec_" + "A1b2C3d4" * 5,
+        # base64 since CONTRACT 12.1 (`+`, `/`, a final `=`); base62 before
+        "signing-secret": "whsec_" + base64.b64encode(b"\xfb\xef" * 16).decode(),
+        "older-signing-secret": "whsec_" + "A1b2C3d4" * 5,
     }[kind]
     if kind == "bootstrap-token" and "Bearer" in json.dumps(metadata):
         # `bst_` is refused only at the start of a text: it occurs inside ordinary words.
@@ -657,7 +662,7 @@ def test_every_event_body_is_written_as_publish_event_writes_one(app, shop):
     for body in bodies:
         event = json.loads(body)
         assert body == json.dumps(event, separators=(",", ":"), ensure_ascii=False)
-        assert list(event) == ["id", "type", "createdAt", "brandId", "apiVersion", "data"]
+        assert list(event) == EVENT_ENVELOPE_KEYS
         assert list(event["data"]) == data_keys
         assert event["data"] == shop.conversion(event["data"]["id"])
 

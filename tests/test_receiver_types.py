@@ -72,8 +72,11 @@ def test_the_readmes_commands_generate_types_that_parse_every_event(app, served,
             event = namespace["event"]
             assert type(event).__name__ == contract_of(app).body_schema_ref(name).rsplit("/")[-1]
             assert event.type == name
+            assert event.sequence == 1
+            assert event.subject.type == sample_body(name)["subject"]["type"]
             if name == "deal.completed":
-                assert printed.getvalue() == "45000000\n"
+                deal_id = sample_body(name)["subject"]["id"]
+                assert printed.getvalue() == f"45000000\n{deal_id} 1\n"
         # The generated models are as strict as the schemas: a field they do not know fails.
         unknown = sample_body("deal.completed")
         unknown["data"]["reviewer"] = "ops"

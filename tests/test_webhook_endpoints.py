@@ -30,6 +30,8 @@ ENDPOINT_FIELDS = {
     "disabledAt",
     "disabledReason",
     "previousSecretExpiresAt",
+    "ordering",
+    "campaignIds",
     "createdAt",
 }
 
@@ -586,6 +588,7 @@ ROUTES = [
     ("POST", "/{endpoint}/rotate-secret", None, True),
     ("DELETE", "/{endpoint}/delete-endpoint", None, True),
     ("POST", "/{endpoint}/send-test", None, False),
+    ("POST", "/{endpoint}/retry-pending", None, True),
     ("GET", "/fetch-deliveries", None, False),
     ("GET", "/deliveries/{delivery}", None, False),
     ("POST", "/deliveries/{delivery}/redeliver", None, True),

@@ -22,7 +22,7 @@ from schemas.events import EVENT_DATA_SCHEMAS, event_component_name, event_data,
 from services.platform_changes import tracked_links
 from services.signing import delivery_headers
 from tests.event_schemas import FORMATS, WebhookContract, contract_of, sample_body
-from tests.helpers import assert_success
+from tests.helpers import EVENT_ENVELOPE_KEYS, assert_success
 from tests.receiver import Receiver, Reply
 from tests.test_platform_changes import Platform, every_platform_event
 from tests.worker_process import WorkerProcess
@@ -68,7 +68,11 @@ def test_the_document_is_openapi_3_1_with_one_webhook_per_event(document):
         component = schemas[event_component_name(name)]
         assert body["schema"] == {"$ref": f"#/components/schemas/{event_component_name(name)}"}
         assert body["example"] == component["example"] == sample_body(name)
-        assert component["required"] == ["id", "type", "createdAt", "brandId", "apiVersion", "data"]
+        assert component["required"] == EVENT_ENVELOPE_KEYS
+        subject = schemas[component["properties"]["subject"]["$ref"].rsplit("/", 1)[1]]
+        assert subject["properties"]["type"]["const"] == sample_body(name)["subject"]["type"]
+        assert subject["required"] == ["type", "id"]
+        assert component["properties"]["sequence"]["minimum"] == 1
         assert component["additionalProperties"] is False
         assert component["properties"]["type"]["const"] == name
         assert component["properties"]["createdAt"]["format"] == "date-time"
@@ -270,6 +274,7 @@ def test_the_header_schemas_take_what_the_signer_writes_during_a_rotation(contra
         timestamp=1795162500,
         raw_body=b"{}",
         event_name="deal.completed",
+        event_id="evt_01jd3kw3x5y7z9a1b3c5d7e9f1",
         delivery_id="whd_01jd3kt0v2w4x6y8z0a2b4c6d801",
     )
     assert contract.header_problems("deal.completed", sent) == []

@@ -75,6 +75,7 @@ def attempt(url: str, ca_file=None) -> object:
                 secret="whsec_test",
                 body=b"{}",
                 event_name="webhook.test",
+                event_id="evt_test",
                 delivery_id="whd_test",
             )
         finally:

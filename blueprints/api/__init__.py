@@ -22,12 +22,12 @@ class IdConverter(BaseConverter):
         self.regex = id_pattern(prefix)
 
 
-def _add_id_converter(state: BlueprintSetupState) -> None:
+def add_id_converter(state: BlueprintSetupState) -> None:
     state.app.url_map.converters.setdefault("id", IdConverter)
 
 
 # Recorded before any route, so the converter is on the app's map when the routes are added.
-api.record_once(_add_id_converter)
+api.record_once(add_id_converter)
 
 
 def register_routes() -> Blueprint:

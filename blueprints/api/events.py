@@ -3,9 +3,12 @@ with a long-poll; and one event with its deliveries."""
 
 from __future__ import annotations
 
+from typing import cast
+
 from blueprints.api import api
-from blueprints.api.auth import authenticate
+from blueprints.api.auth import authenticate, current_caller
 from blueprints.api.operations import operation
+from config import DEFAULT_EVENT_WAITS_PER_KEY, DEFAULT_EVENT_WAITS_PER_PROCESS
 from models.api_key import READ
 from schemas.event_feed import (
     EventDetailSchema,
@@ -29,15 +32,28 @@ EVENTS = "Events"
     "as its deliveries. Pass `meta.nextAfter` as the next `after` and you see each event "
     "exactly once, in publish order, even while events are published concurrently. With "
     "`wait`, an empty answer is held open until an event is published (a long-poll): loop on "
-    "it to follow the brand live. Only events still kept (`WEBHOOK_RETENTION_DAYS`) are "
-    "listed.",
+    "it to follow the brand live; a key may hold only a few waits at once (see the 429 "
+    "answer). With `subject` (`deal:deal_…`), only that record's events, in their `sequence` "
+    "order (its history, or a follower of one deal); `after` is then one of its events. Only "
+    "events still kept (`WEBHOOK_RETENTION_DAYS`) are listed.",
     query=EventFeedQuerySchema,
     response=EventListSchema,
     meta=EventFeedMetaSchema,
     errors=(404,),  # `after` that is not an event of the brand
+    error_notes={
+        429: "With `wait`, also when the request would have to wait and the server process "
+        "that took it already holds as many waiting requests as it may: "
+        f"`EVENT_WAITS_PER_KEY` of this key (default {DEFAULT_EVENT_WAITS_PER_KEY}) or "
+        f"`EVENT_WAITS_PER_PROCESS` in all (default {DEFAULT_EVENT_WAITS_PER_PROCESS}, at most "
+        "half the process's threads). `Retry-After` is then between the `wait` asked for and "
+        "twice that, at random, so that clients refused together come back apart. A request "
+        "with events to list gets them whatever the caps."
+    },
 )
 def fetch_brand_events(brand_id: str, query: dict):
-    return fetch_events(brand_id=brand_id, **query)
+    # A read-scoped caller is an API key (only create-key takes a bootstrap token).
+    key_id = cast(str, current_caller().key_id)
+    return fetch_events(brand_id=brand_id, key_id=key_id, **query)
 
 
 @api.get("/brand/<brand_id>/event/<id(evt):event_id>")

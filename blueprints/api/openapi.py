@@ -117,6 +117,12 @@ _ERROR_RESPONSES = {
         "PAYLOAD_TOO_LARGE: the body is over 64 KiB.",
         ("X-Request-Id",),
     ),
+    "UnsupportedMediaType": (
+        415,
+        "UNSUPPORTED_MEDIA_TYPE: the body is not declared JSON; send it with "
+        "`Content-Type: application/json` (or a `+json` type, any charset).",
+        _KEYED,
+    ),
     "RateLimited": (
         429,
         "RATE_LIMITED: too many requests for this key; retry after `Retry-After` seconds.",
@@ -204,15 +210,8 @@ def build_openapi(app: Flask) -> dict:
     for name, (description, schema, _required) in _HEADERS.items():
         spec.components.header(name, {"description": description, "schema": schema})
     spec.components.schema("ErrorEnvelope", schema=ErrorEnvelopeSchema)
-    for name, (_status, description, headers) in _ERROR_RESPONSES.items():
-        spec.components.response(
-            name,
-            {
-                "description": description,
-                "headers": _headers(headers, required=_REQUIRED_HEADERS.get(name, set())),
-                "content": {"application/json": {"schema": "ErrorEnvelope"}},
-            },
-        )
+    for name, (_status, description, _headers_sent) in _ERROR_RESPONSES.items():
+        spec.components.response(name, _error_response(name, description))
 
     register_event_schemas(spec)
     bodies: set[type[ApiSchema]] = set()
@@ -296,9 +295,12 @@ def _operation(declared, auth, rule: Rule) -> dict:
                     }
                 },
             }
-    for name, (status, _description, _headers_sent) in _ERROR_RESPONSES.items():
+    for name, (status, description, _headers_sent) in _ERROR_RESPONSES.items():
         if _may_fail_with(status, declared, auth, arguments):
-            responses[str(status)] = name
+            note = declared.error_notes.get(status)
+            responses[str(status)] = (
+                name if note is None else _error_response(name, f"{description} {note}")
+            )
     document = {
         "operationId": declared.operation_id,
         "summary": declared.summary,
@@ -319,6 +321,16 @@ def _operation(declared, auth, rule: Rule) -> dict:
         document["x-required-scope"] = _required_scope(auth)
         document["x-rate-limit"] = auth.rate_limit
     return document
+
+
+def _error_response(name: str, description: str) -> dict:
+    """The shared error response `name` (a component), or an operation's own telling of it."""
+    _status, _description, headers = _ERROR_RESPONSES[name]
+    return {
+        "description": description,
+        "headers": _headers(headers, required=_REQUIRED_HEADERS.get(name, set())),
+        "content": {"application/json": {"schema": "ErrorEnvelope"}},
+    }
 
 
 def _headers(names, *, required=frozenset()) -> dict:
@@ -351,9 +363,10 @@ def _required_scope(auth) -> str:
 
 
 def _state_request_rules(document: dict, bodies: set[type[ApiSchema]]) -> None:
-    """Rules the operation decorator applies to every request, stated on every request field
-    they apply to: no NUL character in any query parameter or body string
-    (`blueprints.api.operations`), and `ApiSchema.min_fields` as `minProperties`."""
+    """Rules every request is held to, stated on every request field they apply to: no NUL
+    character in any query parameter, header or body string (`schemas.base.unstorable_text`,
+    applied by `ApiSchema` and the body parser), and `ApiSchema.min_fields` as
+    `minProperties`."""
     schemas = document["components"]["schemas"]
     for item in document["paths"].values():
         for operation in item.values():
@@ -422,7 +435,7 @@ def _may_fail_with(status: int, declared, auth, arguments) -> bool:
         return auth is not None
     if status == 404:
         return len(arguments - {"brand_id"}) > 0 or status in declared.errors
-    if status == 413:
+    if status in (413, 415):
         return declared.body is not None
     return True
 

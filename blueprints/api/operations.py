@@ -7,34 +7,30 @@ from __future__ import annotations
 import functools
 import json
 import math
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from flask import current_app, request
 from marshmallow import Schema, ValidationError
-from werkzeug.exceptions import RequestEntityTooLarge
+from werkzeug.exceptions import RequestEntityTooLarge, UnsupportedMediaType
 
 from blueprints.envelope import success
 from extensions import db
-from schemas.base import ApiSchema
+from schemas.base import NUL, ApiSchema, unstorable_text
 from schemas.envelope import PageMetaSchema
 from services.errors import NotFound, ValidationFailed
 
 # Where errors about the body as a whole (not one field) are reported in `errors`.
 BODY = "body"
 # No record holds a NUL and PostgreSQL refuses it in text: a NUL anywhere in a query parameter
-# or a body is a 400. The OpenAPI document states it as this `pattern` of every such string.
-NUL = "\x00"
+# or a body is a 400 (`schemas.base.unstorable_text`). The OpenAPI document states it as this
+# `pattern` of every such string.
 NUL_FREE_PATTERN = r"^[^\x00]*$"
 # How deep a body may nest objects and arrays. No operation needs more than a few levels (a
 # postback's `metadata` allows 8 of its own); a limit here keeps a 1 KB body of brackets from
 # costing a deep recursion anywhere after the parse.
 MAX_BODY_DEPTH = 32
-# What JSON can spell but PostgreSQL cannot store: NUL in text, and a UTF-16 surrogate without
-# its pair ("\ud800"), which is no character at all.
-_UNSTORABLE_CHARACTER = re.compile("[\x00\ud800-\udfff]")
 _page_meta = PageMetaSchema()
 
 
@@ -64,6 +60,9 @@ class Operation:
     # `replay: true`); the response schema dumps every success alike.
     other_schemas: dict[int, type[Schema]] = field(default_factory=dict)
     errors: tuple[int, ...] = field(default_factory=tuple)
+    # What else an error status means for this operation, added to its shared description in
+    # the OpenAPI document (fetch-events' 429: its long-poll caps).
+    error_notes: dict[int, str] = field(default_factory=dict)
 
 
 def operation(**declaration):
@@ -79,7 +78,7 @@ def operation(**declaration):
     def decorator(view):
         @functools.wraps(view)
         def operation_view(*args, **kwargs):
-            _refuse_nul_characters(kwargs)
+            _refuse_nul_in_path(kwargs)
             kwargs.update(_load_request(body_schema, query_schema, headers_schema))
             result = view(*args, **kwargs)
             # Dumped before the commit, which expires ORM objects: reading them afterwards
@@ -98,30 +97,29 @@ def operation(**declaration):
     return decorator
 
 
-def _refuse_nul_characters(path_values: dict) -> None:
+def _refuse_nul_in_path(path_values: dict) -> None:
     """No record has a NUL in its id, and PostgreSQL refuses NUL in text: say so before a query
-    turns it into a server error."""
+    turns it into a server error. (An id's own segment is matched by `IdConverter`, which takes
+    no NUL; this is for the brand's, read as any text. Query values are refused by the schema
+    that loads them, `ApiSchema`.)"""
     if any(NUL in value for value in path_values.values() if isinstance(value, str)):
         raise NotFound("No such record in this brand")
-    if not request.query_string:  # most requests: no need to parse what is not there
-        return
-    bad = sorted({name for name, value in request.args.items(multi=True) if NUL in value})
-    if bad:
-        raise ValidationFailed(
-            "Query parameters must not contain NUL characters",
-            {name: ["Must not contain NUL characters."] for name in bad},
-        )
 
 
 def _json_body(_schema: Schema | None = None) -> dict:
-    """The body as a JSON object every string and number of which can be stored.
+    """The body as a JSON object every string and number of which can be stored; no body at
+    all is an empty object (every field left out).
 
+    :raise UnsupportedMediaType: a body not declared JSON (`application/json` or a `+json`
+        type, any parameters): a form, text or multipart body is never guessed at.
     :raise ValidationFailed: naming the field (or `body`) at fault.
     """
     raw = request.get_data(cache=True)  # a declared length over the limit: 413 from werkzeug
     if request.content_length is None and len(raw) >= current_app.config["MAX_CONTENT_LENGTH"]:
         # A chunked body is cut off at the limit without an error; never parse what was cut.
         raise RequestEntityTooLarge()
+    if raw and not request.is_json:
+        raise UnsupportedMediaType()
     if not raw.strip():
         return {}
     try:
@@ -163,12 +161,14 @@ def _unstorable_values(payload) -> dict[str, list[str]]:
         items: Iterable[tuple[object, object]]
         if isinstance(value, dict):
             items = value.items()
-            if any(_UNSTORABLE_CHARACTER.search(key) for key in value):
+            if any(unstorable_text(key) for key in value):
                 problems[path or BODY] = ["Keys must not contain NUL or lone surrogates."]
         elif isinstance(value, list):
             items = enumerate(value)
         else:
-            problem = _unstorable(value)
+            problem = _unstorable_number(value) or (
+                unstorable_text(value) if isinstance(value, str) else None
+            )
             if problem:
                 problems[path or BODY] = [problem]
             continue
@@ -180,11 +180,7 @@ def _unstorable_values(payload) -> dict[str, list[str]]:
     return problems
 
 
-def _unstorable(value) -> str | None:
-    if isinstance(value, str) and _UNSTORABLE_CHARACTER.search(value):
-        if NUL in value:
-            return "Must not contain NUL characters (\\u0000)."
-        return "Must not contain a lone UTF-16 surrogate (\\ud800-\\udfff without its pair)."
+def _unstorable_number(value) -> str | None:
     if isinstance(value, float) and not math.isfinite(value):
         return "Must be a finite number: not NaN, Infinity, or beyond ±1.7e308."
     return None

@@ -24,19 +24,28 @@ def add_response_examples(document: dict[str, Any], error_statuses: Mapping[str,
         for operation in item.values():
             for status, response in operation["responses"].items():
                 media = response.get("content", {}).get("application/json")
-                if media is not None:
+                if media is None:
+                    continue
+                if int(status) >= 400:  # an operation's own telling of a shared error
+                    media["example"] = _failure(int(status), response)
+                else:
                     media["example"] = _success(int(status), response, media["schema"], schemas)
     for name, response in document["components"]["responses"].items():
-        code, meaning = response["description"].split(": ", 1)
         media = response["content"]["application/json"]
-        media["example"] = {
-            "status": False,
-            "statusCode": error_statuses[name],
-            "message": meaning[:1].upper() + meaning[1:].split(";")[0].rstrip("."),
-            "errorCode": code,
-            "requestId": REQUEST_ID_EXAMPLE,
-            **({"errors": _FIELD_ERRORS} if code == "VALIDATION_ERROR" else {}),
-        }
+        media["example"] = _failure(error_statuses[name], response)
+
+
+def _failure(status: int, response: dict[str, Any]) -> dict[str, Any]:
+    """From an error response's description, `ERROR_CODE: meaning; more`."""
+    code, meaning = response["description"].split(": ", 1)
+    return {
+        "status": False,
+        "statusCode": status,
+        "message": meaning[:1].upper() + meaning[1:].split(";")[0].rstrip("."),
+        "errorCode": code,
+        "requestId": REQUEST_ID_EXAMPLE,
+        **({"errors": _FIELD_ERRORS} if code == "VALIDATION_ERROR" else {}),
+    }
 
 
 def _success(

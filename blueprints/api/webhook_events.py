@@ -1,23 +1,27 @@
 """The OpenAPI 3.1 `webhooks` section: one entry per event name of the catalogue, each the POST a
 delivery of that event makes to an endpoint. Its headers are those `services.signing` writes
-(CONTRACT 6.1 and 8.1); its body is the event's schema of `schemas.events` (the one every
+(CONTRACT 6.1, 8.1 and 12.1); its body is the event's schema of `schemas.events` (the one every
 publisher dumps its data through), complete and closed, with the catalogue's sample as example.
 """
 
 from __future__ import annotations
 
 import copy
+import json
+from datetime import datetime
 from typing import Any
 
 from apispec import APISpec
 
 from models.columns import id_pattern
-from models.event_catalog import API_VERSION, EVENT_NAMES, EVENT_TYPES, sample_data
+from models.event_catalog import EVENT_NAMES, EVENT_TYPES, sample_data
+from models.event_subjects import event_subject
 from schemas.events import (
     EVENT_DATA_SCHEMAS,
     event_body_schema,
     event_component_name,
 )
+from services.events import event_body_parts
 from services.signing import (
     DELIVERY_HEADER,
     EVENT_HEADER,
@@ -38,11 +42,13 @@ ANY_EVENT = "WebhookEvent"
 SAMPLE_EVENT_ID = "evt_01jd3kw3x5y7z9a1b3c5d7e9f1"
 SAMPLE_CREATED_AT = "2026-11-20T08:15:00.000Z"
 SAMPLE_BRAND_ID = "brd_01jd3k7a9b1c3d5e7f9g1h3j5k"
+SAMPLE_SEQUENCE = 1
 _SCHEMAS = "#/components/schemas/"
 _UNIX_SECONDS = r"^[0-9]{1,12}$"
 _HEX_SIGNATURE = "sha256=[0-9a-f]{64}"
 _BASE64_SIGNATURE = "v1,[A-Za-z0-9+/]{43}="
 _DELIVERY_ID = f"^{id_pattern('whd')}$"
+_EVENT_ID = f"^{id_pattern('evt')}$"
 
 # (name, description, schema) of each header a delivery carries; X-Service-Event's schema is
 # the event's own name.
@@ -75,8 +81,9 @@ _HEADERS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ),
     (
         STANDARD_ID_HEADER,
-        "Standard Webhooks' (standardwebhooks.com) message id: the delivery id again.",
-        {"type": "string", "pattern": _DELIVERY_ID, "example": "whd_01jd3kt0v2w4x6y8z0a2b4c6d801"},
+        "Standard Webhooks' (standardwebhooks.com) message id: the event id, the body's `id`, "
+        "the same on every retry, redelivery and recovery of the event (CONTRACT 12.1).",
+        {"type": "string", "pattern": f"^{id_pattern('evt')}$", "example": SAMPLE_EVENT_ID},
     ),
     (
         STANDARD_TIMESTAMP_HEADER,
@@ -86,9 +93,11 @@ _HEADERS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     (
         STANDARD_SIGNATURE_HEADER,
         "Standard Webhooks' signature: `v1,` + base64 HMAC-SHA256 of "
-        "`{webhook-id}.{webhook-timestamp}.{rawBody}` with the same key; two, space-separated, "
-        "during a rotation's overlap. `standardwebhooks.Webhook(secret.encode()).verify(body, "
-        "headers)` checks it.",
+        "`{webhook-id}.{webhook-timestamp}.{rawBody}`, keyed with the 32 bytes the signing "
+        "secret's base64 encodes (for a secret issued before that format, base62, the whole "
+        "string); two, space-separated, during a rotation's overlap, each keyed by its own "
+        "secret's format. `standardwebhooks.Webhook(secret).verify(body, headers)` checks it "
+        "with the secret as issued (an older secret: `Webhook(secret.encode())`).",
         {
             "type": "string",
             "pattern": f"^{_BASE64_SIGNATURE}( {_BASE64_SIGNATURE})?$",
@@ -157,16 +166,20 @@ def add_webhooks(document: dict[str, Any]) -> None:
     document["webhooks"] = {name: {"post": _delivery(name)} for name in EVENT_NAMES}
 
 
-def sample_body(name: str) -> dict[str, Any]:
-    """A delivery's body of the event `name` with the catalogue's sample data."""
-    return {
-        "id": SAMPLE_EVENT_ID,
-        "type": name,
-        "createdAt": SAMPLE_CREATED_AT,
-        "brandId": SAMPLE_BRAND_ID,
-        "apiVersion": API_VERSION,
-        "data": sample_data(name),
-    }
+def sample_body(name: str, brand_id: str = SAMPLE_BRAND_ID) -> dict[str, Any]:
+    """A delivery's body of the event `name` with the catalogue's sample data, written by the
+    publisher's own code: the first event of its subject."""
+    data = sample_data(name)
+    head, tail = event_body_parts(
+        event_id=SAMPLE_EVENT_ID,
+        name=name,
+        brand_id=brand_id,
+        now=datetime.fromisoformat(SAMPLE_CREATED_AT),
+        subject=event_subject(name, data, event_id=SAMPLE_EVENT_ID),
+        data=data,
+        sequence=SAMPLE_SEQUENCE,
+    )
+    return json.loads(head + tail)
 
 
 def _delivery(name: str) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from schemas.webhooks import (
     DeletedEndpointSchema,
     DeliveryDetailSchema,
     DeliveryListSchema,
+    DeliveryPageMetaSchema,
     DeliveryQuerySchema,
     EndpointListSchema,
     EndpointRegisterSchema,
@@ -20,6 +21,7 @@ from schemas.webhooks import (
     QueuedDeliverySchema,
     RecoveredSchema,
     RecoverSchema,
+    RetriedPendingSchema,
     RotatedSecretSchema,
     RotateSecretSchema,
     UpdatedEndpointSchema,
@@ -38,6 +40,7 @@ from services.webhook_endpoints import (
     delete_endpoint,
     list_endpoints,
     register_endpoint,
+    retry_pending,
     rotate_signing_secret,
     send_test_ping,
     update_endpoint,
@@ -47,8 +50,9 @@ ENDPOINTS = "Webhook endpoints"
 DELIVERIES = "Webhook deliveries"
 SIGNATURE_HELP = (
     " Deliveries are signed: `X-Service-Signature: sha256=<hex>` is HMAC-SHA256 over "
-    "`{X-Service-Timestamp}.{rawBody}` with the signing secret. What each event's delivery "
-    "carries: the document's `webhooks`."
+    "`{X-Service-Timestamp}.{rawBody}` with the signing secret, and `webhook-signature` as "
+    "Standard Webhooks has it, which its libraries verify with the secret as issued. What each "
+    "event's delivery carries: the document's `webhooks`."
 )
 
 
@@ -105,11 +109,13 @@ def get_webhook_endpoint_stats(brand_id: str, endpoint_id: str):
 @operation(
     operation_id="updateWebhookEndpoint",
     tag=ENDPOINTS,
-    summary="Change an endpoint's URL, events or description, or disable or re-enable it",
-    description="Give any of `url`, `events`, `description`, `isActive`. Re-enabling "
-    "(`isActive: true`) "
+    summary="Change an endpoint's URL, events, description, ordering or campaigns, or disable "
+    "or re-enable it",
+    description="Give any of `url`, `events`, `description`, `isActive`, `ordering`, "
+    "`campaignIds`. Re-enabling (`isActive: true`) "
     "clears `disabledAt` and `consecutiveFailures`; deliveries failed while it was disabled "
-    "can be sent again with redeliver.",
+    "can be sent again with redeliver. An id in `campaignIds` that is not one of the brand's "
+    "campaigns is a VALIDATION_ERROR naming it.",
     body=EndpointUpdateSchema,
     response=UpdatedEndpointSchema,
     message="Webhook endpoint updated",
@@ -164,6 +170,28 @@ def recover_webhook_deliveries(brand_id: str, endpoint_id: str, body: dict):
     return recover_failed_deliveries(brand_id=brand_id, endpoint_id=endpoint_id, **body)
 
 
+@api.post("/brand/<brand_id>/webhook/<id(whe):endpoint_id>/retry-pending")
+@authenticate(scope=WRITE)
+@operation(
+    operation_id="retryPendingWebhookDeliveries",
+    tag=ENDPOINTS,
+    summary="Send the deliveries waiting for a retry now",
+    description="Once your receiver is fixed: every `pending` delivery of this endpoint that "
+    "waits for its next retry becomes due now, instead of at its `nextRetryAt` (a receiver's "
+    "`Retry-After` included), and goes out at the endpoint's usual pace (at most "
+    "`WEBHOOK_ENDPOINT_CONCURRENCY` at once). No delivery is duplicated: each is the same "
+    "delivery, its next attempt sooner. Deliveries held behind an earlier one of their subject "
+    '(`ordering: "subject"`) stay held until it ends. A disabled endpoint answers NOT_FOUND: '
+    "re-enable it first.",
+    response=RetriedPendingSchema,
+    status=202,
+    message="Waiting deliveries are due now",
+)
+def retry_pending_webhook_deliveries(brand_id: str, endpoint_id: str):
+    due = retry_pending(brand_id=brand_id, endpoint_id=endpoint_id)
+    return {"endpoint_id": endpoint_id, "due": due}
+
+
 @api.delete("/brand/<brand_id>/webhook/<id(whe):endpoint_id>/delete-endpoint")
 @authenticate(scope=WRITE)
 @operation(
@@ -201,10 +229,19 @@ def send_webhook_test(brand_id: str, endpoint_id: str):
     tag=DELIVERIES,
     summary="The delivery log",
     description="Every delivery of the brand's events, newest first unless `sortOrder=asc`; "
-    "filter by status, event or endpoint. Paging in `meta`.",
+    "filter by status, event or endpoint. Two ways to page, both with every filter and both "
+    "orders. `page` and `limit`, with `meta.total` exact up to 10,000 deliveries past the page "
+    "(beyond, a lower bound with `meta.totalExact: false`): a page is found by walking the "
+    "list's index up to it, so page 500 of 100 takes less than twice page 1 with a million "
+    "deliveries, and each further 100,000 deliveries deep adds some 15-35 ms. Or `after`: "
+    "pass `meta.nextAfter` to read the next page; each costs what the first does, and the walk "
+    "never repeats a delivery nor skips one that was there when it began (with "
+    "`sortOrder=asc` it also reaches those made meanwhile). `meta` then counts what follows "
+    "`after`.",
     query=DeliveryQuerySchema,
     response=DeliveryListSchema,
-    paged=True,
+    meta=DeliveryPageMetaSchema,
+    errors=(404,),  # `after` that is not a delivery of the brand
 )
 def fetch_webhook_deliveries(brand_id: str, query: dict):
     return list_deliveries(brand_id=brand_id, **query)
