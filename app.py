@@ -21,12 +21,13 @@ from blueprints.envelope import REQUEST_ID_HEADER, request_id
 from blueprints.errors import register_error_handlers
 from blueprints.metrics import metrics
 from blueprints.system import system
-from commands import register_commands
-from config import Settings
+from commands import app_for_help_only, loaded_by_the_command_line, register_commands
+from config import ConfigError, Settings
 from extensions import db, migrate
 from observability.logs import configure_logging
 from observability.metrics import count_request
 from services import work_slots
+from services.connections import KEEPALIVES
 from services.secret_box import SecretBox
 
 MAX_BODY_BYTES = 64 * 1024
@@ -39,10 +40,18 @@ access_log = logging.getLogger("brand_api.access")
 def create_app(environ: Mapping[str, str] | None = None) -> Flask:
     """Build the app from `environ` (default: the process environment)."""
     app = Flask(__name__, instance_relative_config=True)
-    settings = Settings.from_environ(
-        os.environ if environ is None else environ,
-        instance_path=app.instance_path,
-    )
+    migrations = os.path.join(app.root_path, "migrations")
+    try:
+        settings = Settings.from_environ(
+            os.environ if environ is None else environ,
+            instance_path=app.instance_path,
+        )
+    except ConfigError as error:
+        if not loaded_by_the_command_line():
+            raise
+        # `flask --app app … --help` needs no setting; running a command says what is missing.
+        migrate.init_app(app, db, directory=migrations)
+        return app_for_help_only(app, str(error))
     app.extensions["settings"] = settings
     app.extensions["secret_box"] = SecretBox(settings.encryption_key)
     app.config.update(
@@ -63,7 +72,7 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
     db.init_app(app)
     with app.app_context():
         event.listen(db.engine, "do_connect", _name_connection)
-    migrate.init_app(app, db, directory=os.path.join(app.root_path, "migrations"))
+    migrate.init_app(app, db, directory=migrations)
     app.register_blueprint(register_routes())
     app.register_blueprint(register_dashboard())
     app.register_blueprint(system)
@@ -72,7 +81,7 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
     register_commands(app)
     work_slots.install(WORK_SLOTS_PER_PROCESS)
     app.before_request(_start_request)
-    app.before_request(work_slots.take)
+    app.before_request(_take_work_slot)
     app.after_request(_finish_request)
     app.teardown_request(work_slots.give_back)
     return app
@@ -83,6 +92,15 @@ def _name_connection(dialect, connection_record, cargs, cparams) -> None:
     # the pool (and a test bounding a worker's connections) needs. Set at connect, after any
     # fork, so a gunicorn worker's connections carry its own pid. A URL's own name wins.
     cparams.setdefault("application_name", f"brand-api pid={os.getpid()}")
+    # A dead peer noticed in seconds (services/connections.py).
+    for name, value in KEEPALIVES.items():
+        cparams.setdefault(name, value)
+
+
+def _take_work_slot() -> None:
+    # A brand's burst queues in its own lane (services/work_slots.py): the brand the route names,
+    # as the caller claims it (a forger queues among that brand's calls, and gets its 401).
+    work_slots.take((request.view_args or {}).get("brand_id") or work_slots.SHARED_LANE)
 
 
 def _start_request() -> None:

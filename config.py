@@ -21,6 +21,12 @@ DEFAULT_PORT = 5000
 # (docs/webhooks.md, "Sizing"; measured in docs/benchmarks.md).
 DEFAULT_CONCURRENCY = 256
 DEFAULT_ENDPOINT_CONCURRENCY = 2
+# Long-polls of the events API (`fetch-events?wait=N`) that may wait at once in one server
+# process, per API key and in all. A waiting request holds a gunicorn thread (gunicorn.conf.py:
+# 256 per worker), so the process's cap keeps half of them for every other call, and the key's
+# keeps one key from taking the process's share (services/event_waits.py).
+DEFAULT_EVENT_WAITS_PER_KEY = 10
+DEFAULT_EVENT_WAITS_PER_PROCESS = 128
 # The delivery loop looks for due work at least this often however wake-ups fare (seconds).
 MAX_POLL_INTERVAL = 1.0
 # Written by `make run` while its embedded PostgreSQL and Redis are up, so that CLI commands
@@ -59,12 +65,17 @@ class Settings:
     # CONTRACT 9.1: "N/second", "N/minute" or "N/hour", per API key.
     rate_limit_per_key: str
     postback_rate_limit_per_key: str
-    # Failed dashboard sign-ins (and first-key attempts) per client address, same form.
+    # Failed dashboard sign-ins (and first-key attempts) per client (an IPv4 address, an IPv6
+    # /64) and across every client, same form (services/sign_in_throttle.py).
     sign_in_failures_per_address: str
+    sign_in_failures_global: str
     # Dashboard sessions end after this many seconds without a request, and this many after
     # sign-in, whichever comes first (CONTRACT 11.3).
     dashboard_session_idle_timeout: int
     dashboard_session_lifetime: int
+    # Long-polls waiting at once in one server process: per API key, and in all.
+    event_waits_per_key: int
+    event_waits_per_process: int
     log_format: str
     metrics_token: str | None
     # services.failpoints: read only when APP_ENV=test.
@@ -118,11 +129,26 @@ class Settings:
             sign_in_failures_per_address=_rate(
                 environ, "SIGN_IN_FAILURES_PER_ADDRESS", "10/minute"
             ),
+            sign_in_failures_global=_rate(environ, "SIGN_IN_FAILURES_GLOBAL", "600/minute"),
             dashboard_session_idle_timeout=_int(
                 environ, "DASHBOARD_SESSION_IDLE_TIMEOUT", 3600, minimum=60, maximum=86400
             ),
             dashboard_session_lifetime=_int(
                 environ, "DASHBOARD_SESSION_LIFETIME", 43200, minimum=60, maximum=30 * 86400
+            ),
+            event_waits_per_key=_int(
+                environ,
+                "EVENT_WAITS_PER_KEY",
+                DEFAULT_EVENT_WAITS_PER_KEY,
+                minimum=1,
+                maximum=10000,
+            ),
+            event_waits_per_process=_int(
+                environ,
+                "EVENT_WAITS_PER_PROCESS",
+                DEFAULT_EVENT_WAITS_PER_PROCESS,
+                minimum=1,
+                maximum=10000,
             ),
             log_format=_choice(environ, "LOG_FORMAT", LOG_FORMATS),
             metrics_token=environ.get("METRICS_TOKEN", "").strip() or None,

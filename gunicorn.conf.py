@@ -17,8 +17,10 @@ from observability.metrics import mark_process_dead
 # work take turns at the app's work slots (services/work_slots.py; app.WORK_SLOTS_PER_PROCESS,
 # what `--threads` was before). 200 waiting clients on `make run` cost each worker about one
 # thread and about 80 KiB of RSS per client waiting there, no CPU and no connection
-# (docs/benchmarks.md, "Long-polls"); gunicorn makes the threads as they are needed. Past
-# `threads` requests held at once, more queue behind them: add workers.
+# (docs/benchmarks.md, "Long-polls"); gunicorn makes the threads as they are needed. Waits may
+# hold at most half the threads (EVENT_WAITS_PER_PROCESS, 128, and `post_worker_init` below
+# whatever it says; EVENT_WAITS_PER_KEY of one key): past that a long-poll is answered 429 at
+# once, so the other half is always there for every other call.
 worker_class = "gthread"
 threads = 256
 
@@ -41,6 +43,32 @@ def post_worker_init(worker):
     gc.freeze()
     if worker is not None:
         _answer_waits_on_stop()
+        _answer_refusals_in_the_envelope(worker.wsgi)
+        _keep_threads_for_other_calls(worker)
+
+
+def _answer_refusals_in_the_envelope(app):
+    """gunicorn's own refusals (414, 431, a malformed request) in the envelope, not its HTML
+    (blueprints/gunicorn_refusals.py)."""
+    from app import STRICT_TRANSPORT_SECURITY
+    from blueprints.gunicorn_refusals import answer_refusals_in_the_envelope
+
+    # Another app under this file (bench/postback_ceiling.py's) has no settings: not production.
+    settings = app.extensions.get("settings")
+    production = settings is not None and settings.is_production
+    answer_refusals_in_the_envelope(STRICT_TRANSPORT_SECURITY if production else None)
+
+
+def _keep_threads_for_other_calls(worker):
+    """A worker that runs each request in a thread of its own (gthread, or sync's one) lets
+    long-polls wait in at most half of them, whatever EVENT_WAITS_PER_PROCESS says: `--threads
+    8` on the command line means 4 waits. An async worker's waits hold no thread."""
+    from gunicorn.workers.base_async import AsyncWorker  # type: ignore[import-untyped]
+
+    from services.event_waits import limit_waits_to_threads
+
+    if not isinstance(worker, AsyncWorker):
+        limit_waits_to_threads(worker.cfg.threads)
 
 
 def _answer_waits_on_stop():

@@ -21,10 +21,12 @@ _error_schema = ErrorEnvelopeSchema()
 def request_id() -> str:
     if "request_id" not in g:
         incoming = request.headers.get(REQUEST_ID_HEADER, "")
-        g.request_id = (
-            incoming if _CALLER_REQUEST_ID.match(incoming) else "req_" + secrets.token_hex(12)
-        )
+        g.request_id = incoming if _CALLER_REQUEST_ID.match(incoming) else new_request_id()
     return g.request_id
+
+
+def new_request_id() -> str:
+    return "req_" + secrets.token_hex(12)
 
 
 def success(
@@ -50,18 +52,32 @@ def failure(
     errors: dict[str, list[str]] | None = None,
     headers: dict[str, str] | None = None,
 ) -> Response:
+    body = error_body(status_code, error_code, message, request_id(), errors=errors)
+    response = _json(body, status_code)
+    response.headers.update(headers or {})
+    return response
+
+
+def error_body(
+    status_code: int,
+    error_code: str,
+    message: str,
+    request_id: str,
+    *,
+    errors: dict[str, list[str]] | None = None,
+) -> dict:
+    """The error envelope as JSON's keys have it; needs no request (gunicorn's own refusals,
+    blueprints/gunicorn_refusals.py, are written before the app sees one)."""
     body = {
         "status": False,
         "status_code": status_code,
         "message": message,
         "error_code": error_code,
-        "request_id": request_id(),
+        "request_id": request_id,
     }
     if errors is not None:
         body["errors"] = errors
-    response = _json(_error_schema.dump(body), status_code)
-    response.headers.update(headers or {})
-    return response
+    return _error_schema.dump(body)
 
 
 def _json(payload: dict, status_code: int) -> Response:

@@ -9,7 +9,11 @@ import logging
 import redis.exceptions
 import sqlalchemy.exc
 from flask import Flask, render_template, request
-from werkzeug.exceptions import HTTPException
+from gunicorn.http.errors import (  # type: ignore[import-untyped]  # gunicorn ships no types
+    NoMoreData,
+    ParseException,
+)
+from werkzeug.exceptions import BadRequest, HTTPException
 
 from blueprints.envelope import failure, request_id
 from extensions import db
@@ -33,13 +37,21 @@ _HTTP_ERROR_CODES = {
     404: ("NOT_FOUND", "No such route"),
     405: ("METHOD_NOT_ALLOWED", "Method not allowed on this route"),
     413: ("PAYLOAD_TOO_LARGE", "Request body exceeds the 64 KiB limit"),
+    414: ("VALIDATION_ERROR", "The request's URL is longer than the server reads"),
+    415: (
+        "UNSUPPORTED_MEDIA_TYPE",
+        "The request body must be JSON: send it with Content-Type: application/json",
+    ),
     429: ("RATE_LIMITED", "Too many requests"),
+    431: ("VALIDATION_ERROR", "The request's headers are larger than the server reads"),
 }
 
 
 def register_error_handlers(app: Flask) -> None:
     app.register_error_handler(DomainError, handle_domain_error)
     app.register_error_handler(HTTPException, handle_http_error)
+    app.register_error_handler(ParseException, handle_unreadable_body)
+    app.register_error_handler(NoMoreData, handle_unreadable_body)
     app.register_error_handler(sqlalchemy.exc.OperationalError, handle_backing_service_down)
     app.register_error_handler(sqlalchemy.exc.InterfaceError, handle_backing_service_down)
     app.register_error_handler(redis.exceptions.ConnectionError, handle_backing_service_down)
@@ -63,13 +75,24 @@ def handle_domain_error(error: DomainError):
 def handle_http_error(error: HTTPException):
     db.session.rollback()
     status = error.code or 500
-    code, message = _HTTP_ERROR_CODES.get(
-        status, ("INTERNAL_ERROR" if status >= 500 else "VALIDATION_ERROR", error.name)
-    )
+    code, message = http_error(status, error.name)
     headers = {k: v for k, v in error.get_headers() if k.lower() in {"allow", "retry-after"}}
     if _wants_html():
         return _html_error(status, message, headers)
     return failure(status, code, message, headers=headers)
+
+
+def handle_unreadable_body(_error: Exception):
+    """gunicorn found the body malformed (a bad chunk) or cut short only as the app read it:
+    the client's request is at fault, as when gunicorn refuses it before the app (400)."""
+    return handle_http_error(BadRequest())
+
+
+def http_error(status: int, name: str) -> tuple[str, str]:
+    """The `errorCode` and message of an HTTP error the app did not raise itself (werkzeug's,
+    gunicorn's): its own where the table has one, else by its class, with its `name`."""
+    fallback = ("INTERNAL_ERROR" if status >= 500 else "VALIDATION_ERROR", name)
+    return _HTTP_ERROR_CODES.get(status, fallback)
 
 
 def handle_backing_service_down(error: Exception):

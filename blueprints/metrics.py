@@ -12,8 +12,13 @@ from flask import Blueprint, Response, current_app, request
 from blueprints.envelope import failure
 from extensions import db
 from models.columns import utcnow
-from observability.metrics import count_backing_service_error, exposition, gauge
-from services.delivery_attempts import delivery_backlog
+from observability.metrics import (
+    count_backing_service_error,
+    exposition,
+    gauge,
+    labelled_gauge,
+)
+from services.delivery_queue import delivery_backlog, delivery_loop_ages
 from services.endpoint_health import count_disabled_endpoints
 
 log = logging.getLogger("brand_api.metrics")
@@ -48,6 +53,7 @@ def _database_gauges() -> list:
     try:
         backlog = delivery_backlog(now=now)
         disabled = count_disabled_endpoints()
+        loops = delivery_loop_ages()
     except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError) as error:
         db.session.rollback()
         count_backing_service_error("database", "metrics")
@@ -76,5 +82,13 @@ def _database_gauges() -> list:
             "brand_api_webhook_endpoints_disabled",
             "Endpoints disabled and not deleted, all brands.",
             disabled,
+        ),
+        labelled_gauge(
+            "brand_api_delivery_loop_last_round_age_seconds",
+            "Seconds since each delivery loop (worker process, on any machine) last finished a "
+            "round: a loop works every second or sooner, so an age past 30 s is a stalled or "
+            "dead worker. A loop that stopped cleanly is not listed; a killed one for an hour.",
+            ["loop"],
+            [([f"{loop.hostname}:{loop.pid}"], loop.age_seconds) for loop in loops],
         ),
     ]

@@ -15,6 +15,7 @@ from prometheus_client import (
     REGISTRY,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     generate_latest,
     multiprocess,
@@ -53,8 +54,15 @@ ENDPOINTS_DISABLED_BY_SERVICE = Counter(
 )
 RATE_LIMITED = Counter(
     "brand_api_rate_limited_requests_total",
-    "Requests refused with 429 RATE_LIMITED, by limit (api or postback).",
+    "Requests refused with 429 RATE_LIMITED, by limit (api, postback, sign_in_failures, "
+    "sign_in_failures_global, event_waits_per_key, event_waits_per_process).",
     ["limit"],
+)
+EVENT_WAITS = Gauge(
+    "brand_api_event_waits",
+    "Long-polls of the events API waiting now, admitted under the caps, summed over the live "
+    "server processes.",
+    multiprocess_mode="livesum",
 )
 RATE_LIMITS_UNCHECKED = Counter(
     "brand_api_rate_limit_unchecked_requests_total",
@@ -101,6 +109,15 @@ class _Families:
 
 def gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, documentation, value=value)
+
+
+def labelled_gauge(
+    name: str, documentation: str, labels: list[str], samples: list[tuple[list[str], float]]
+) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, documentation, labels=labels)
+    for values, value in samples:
+        family.add_metric(values, value)
+    return family
 
 
 def mark_process_dead(pid: int) -> None:

@@ -5,6 +5,8 @@ our own network (cloud metadata at 169.254.169.254, databases on 10/8, admin por
 The rule is checked when an endpoint is registered or updated, and again at every attempt, where
 the attempt then connects to exactly the address that was checked: a name that resolved to a
 public address for the check cannot resolve to 127.0.0.1 for the connection (DNS rebinding).
+"Public" is IANA's word for it: every block of the two special-purpose address registries whose
+"Globally Reachable" is not True is refused (SPECIAL_PURPOSE_BLOCKS), and multicast.
 """
 
 from __future__ import annotations
@@ -19,9 +21,87 @@ from services.errors import ValidationFailed
 
 # development and test only: a developer's own receiver (CONTRACT 6.3), the sole exception.
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1"})
-_NAT64 = ipaddress.ip_network("64:ff9b::/96")
 
 IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@dataclass(frozen=True)
+class SpecialPurposeBlock:
+    """An entry of IANA's IPv4 or IPv6 Special-Purpose Address Registry (RFC 6890)."""
+
+    network: IpNetwork
+    name: str
+    # The registry's "Globally Reachable": True, False, or None where it says N/A or nothing
+    # (Teredo, 6to4, the deprecated 6to4 relay and ORCHID blocks). Only True may be a receiver.
+    globally_reachable: bool | None
+
+
+# Both registries whole, with their names, as IANA published them in 2025 (IPv4 26 entries,
+# IPv6 25; https://www.iana.org/assignments/iana-ipv4-special-registry and
+# iana-ipv6-special-registry). An address takes the most specific entry holding it, so the
+# globally reachable services inside a refused block (192.0.0.9 in 192.0.0.0/24, AMT's
+# 2001:3::/32 in 2001::/23) stay reachable, as the registry says they are. Python's
+# `ipaddress.is_global` is not this list: 3.11 calls 192.0.0.0/24 and 3fff::/20 global.
+SPECIAL_PURPOSE_BLOCKS = tuple(
+    SpecialPurposeBlock(ipaddress.ip_network(network), name, reachable)
+    for network, name, reachable in (
+        ("0.0.0.0/8", '"This network"', False),
+        ("0.0.0.0/32", '"This host on this network"', False),
+        ("10.0.0.0/8", "Private-Use", False),
+        ("100.64.0.0/10", "Shared Address Space", False),
+        ("127.0.0.0/8", "Loopback", False),
+        ("169.254.0.0/16", "Link Local", False),
+        ("172.16.0.0/12", "Private-Use", False),
+        ("192.0.0.0/24", "IETF Protocol Assignments", False),
+        ("192.0.0.0/29", "IPv4 Service Continuity Prefix", False),
+        ("192.0.0.8/32", "IPv4 dummy address", False),
+        ("192.0.0.9/32", "Port Control Protocol Anycast", True),
+        ("192.0.0.10/32", "Traversal Using Relays around NAT Anycast", True),
+        ("192.0.0.170/32", "NAT64/DNS64 Discovery", False),
+        ("192.0.0.171/32", "NAT64/DNS64 Discovery", False),
+        ("192.0.2.0/24", "Documentation (TEST-NET-1)", False),
+        ("192.31.196.0/24", "AS112-v4", True),
+        ("192.52.193.0/24", "AMT", True),
+        ("192.88.99.0/24", "Deprecated (6to4 Relay Anycast)", None),
+        ("192.88.99.2/32", "6a44-relay anycast address", False),
+        ("192.168.0.0/16", "Private-Use", False),
+        ("192.175.48.0/24", "Direct Delegation AS112 Service", True),
+        ("198.18.0.0/15", "Benchmarking", False),
+        ("198.51.100.0/24", "Documentation (TEST-NET-2)", False),
+        ("203.0.113.0/24", "Documentation (TEST-NET-3)", False),
+        ("240.0.0.0/4", "Reserved", False),
+        ("255.255.255.255/32", "Limited Broadcast", False),
+        ("::1/128", "Loopback Address", False),
+        ("::/128", "Unspecified Address", False),
+        ("::ffff:0:0/96", "IPv4-mapped Address", False),
+        ("64:ff9b::/96", "IPv4-IPv6 Translat.", True),
+        ("64:ff9b:1::/48", "IPv4-IPv6 Translat.", False),
+        ("100::/64", "Discard-Only Address Block", False),
+        ("100:0:0:1::/64", "Dummy IPv6 Prefix", False),
+        ("2001::/23", "IETF Protocol Assignments", False),
+        ("2001::/32", "TEREDO", None),
+        ("2001:1::1/128", "Port Control Protocol Anycast", True),
+        ("2001:1::2/128", "Traversal Using Relays around NAT Anycast", True),
+        ("2001:1::3/128", "DNS-SD Service Registration Protocol Anycast", True),
+        ("2001:2::/48", "Benchmarking", False),
+        ("2001:3::/32", "AMT", True),
+        ("2001:4:112::/48", "AS112-v6", True),
+        ("2001:10::/28", "Deprecated (previously ORCHID)", None),
+        ("2001:20::/28", "ORCHIDv2", True),
+        ("2001:30::/28", "Drone Remote ID Protocol Entity Tags (DETs) Prefix", True),
+        ("2001:db8::/32", "Documentation", False),
+        ("2002::/16", "6to4", None),
+        ("2620:4f:8000::/48", "Direct Delegation AS112 Service", True),
+        ("3fff::/20", "Documentation", False),
+        ("5f00::/16", "Segment Routing (SRv6) SIDs", False),
+        ("fc00::/7", "Unique-Local", False),
+        ("fe80::/10", "Link-Local Unicast", False),
+    )
+)
+# Most specific first: the first block holding an address is the one that decides.
+_BY_SPECIFICITY = sorted(SPECIAL_PURPOSE_BLOCKS, key=lambda block: -block.network.prefixlen)
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
 
 
 @dataclass(frozen=True)
@@ -85,7 +165,7 @@ def validate_endpoint_url(url: str, policy: UrlPolicy) -> str:
     url = url.strip()
     try:
         parts, hostname = _parse(url, policy)
-        addresses = _resolve(hostname, parts.port or _default_port(parts.scheme))
+        addresses = _resolve(hostname, parts.port or default_port(parts.scheme))
     except AddressRefused as refused:
         raise ValidationFailed("Invalid webhook URL", {"url": [str(refused)]}) from None
     except socket.gaierror:
@@ -106,7 +186,7 @@ def attempt_target(
     :raise AddressRefused: the URL breaks a rule today, or the name does not resolve.
     """
     parts, hostname = _parse(url, policy)
-    port = parts.port or _default_port(parts.scheme)
+    port = parts.port or default_port(parts.scheme)
     if _is_local_exception(hostname, policy):
         # The exception is for the names themselves; resolving localhost could also give ::1,
         # where a receiver bound to 127.0.0.1 is not listening.
@@ -145,28 +225,35 @@ def lookup_name(url: str, policy: UrlPolicy) -> tuple[str, int] | None:
     try:
         ipaddress.ip_address(hostname)
     except ValueError:
-        return hostname, parts.port or _default_port(parts.scheme)
+        return hostname, parts.port or default_port(parts.scheme)
     return None
 
 
+def special_purpose_block(address: IpAddress) -> SpecialPurposeBlock | None:
+    """The most specific registry entry holding `address`, or None when none does."""
+    return next(
+        (
+            block
+            for block in _BY_SPECIFICITY
+            if block.network.version == address.version and address in block.network
+        ),
+        None,
+    )
+
+
 def is_public_address(address: IpAddress) -> bool:
-    """What Python's `ipaddress` calls global, less what it calls global yet no receiver can
-    be (multicast, reserved, and IPv6's deprecated site-local fec0::/10, which networks still
-    route privately); and what an IPv6 address embeds (mapped, 6to4, Teredo, NAT64) must be
-    public too, so that no IPv6 spelling reaches a private IPv4 address."""
-    if isinstance(address, ipaddress.IPv6Address):
-        embedded = [address.ipv4_mapped, address.sixtofour]
-        if address.teredo:
-            embedded.append(address.teredo[1])
+    """Whether a receiver may be at `address`: inside a special-purpose block, only when that
+    block is globally reachable (and a NAT64 address only when the IPv4 address it carries is
+    public); outside every block, anything but multicast, IPv6 space IANA has not allocated
+    (`is_reserved`) and IPv6's deprecated site-local fec0::/10, which predates the registry
+    and which networks still route privately."""
+    block = special_purpose_block(address)
+    if block is not None:
         if address in _NAT64:
-            embedded.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
-        if any(inner is not None and not is_public_address(inner) for inner in embedded):
-            return False
-    return (
-        address.is_global
-        and not address.is_multicast
-        and not address.is_reserved
-        and not getattr(address, "is_site_local", False)
+            return is_public_address(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
+        return block.globally_reachable is True
+    return not (
+        address.is_multicast or address.is_reserved or getattr(address, "is_site_local", False)
     )
 
 
@@ -207,7 +294,7 @@ def _is_local_exception(hostname: str, policy: UrlPolicy) -> bool:
     return policy.allow_local and hostname in LOCAL_HOSTS
 
 
-def _default_port(scheme: str) -> int:
+def default_port(scheme: str) -> int:
     return 443 if scheme == "https" else 80
 
 
@@ -228,9 +315,11 @@ def _require_public(addresses: list[IpAddress], hostname: str, *, error) -> None
     for address in addresses:
         if not is_public_address(address):
             shown = "" if str(address) == hostname else f" ({address})"
+            block = special_purpose_block(address)
+            named = f" ({block.network}, {block.name})" if block is not None else ""
             raise error(
                 f"{hostname}{shown} is a loopback, private, link-local, multicast or reserved "
-                "address; webhooks are delivered only to public addresses."
+                f"address{named}; webhooks are delivered only to public addresses."
             )
 
 

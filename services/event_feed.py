@@ -12,9 +12,14 @@ So each event row records the publishing transaction's id (`xact_id`, PostgreSQL
 `pg_current_xact_id()`) and its place among that transaction's events (`position`, a
 sequence), both filled by column defaults (models/webhook_event.py), and the feed is ordered by
 (xact_id, position). A read lists only rows whose transaction is older than its snapshot's
-`xmin` (`pg_snapshot_xmin(pg_current_snapshot())`): every transaction below `xmin` has ended,
-so those rows are final, and every transaction that could still add a row (running, or yet to
-take an id) has an id at or above `xmin`, which is above every row listed. Nothing can ever
+horizon: the oldest transaction of this database its snapshot saw running, else the snapshot's
+`xmax`. Every transaction of this database below the horizon has ended, so those rows are
+final, and every transaction that could still add a row (running, or yet to take an id) has an
+id at or above it, which is above every row listed. Transaction ids are shared by the whole
+server; a transaction of another database (read off `pg_stat_activity`, whose `backend_xid`
+every role may see) can never write an event, so it does not hold the horizon. One the read
+cannot place (a prepared transaction, a backend gone meanwhile) counts as ours: the horizon
+only ever errs early, which delays a row, never skips it. Nothing can ever
 appear before a cursor the feed handed out: a follower passing `nextAfter` sees each event once,
 in one order that every follower shares.
 
@@ -24,9 +29,8 @@ same moment are ordered by that, which every reader agrees on; a process publish
 after another's commit always lists after it.
 
 What it costs: an event is listed only once every transaction that took an id before its own
-has ended. Transactions here last milliseconds, but one left open anywhere on the database
-server (any database of the cluster: ids are shared) holds back every event published after it
-began, until it ends: a postback hung in its transaction for up to
+has ended. Transactions here last milliseconds, but one left open on this database holds back
+every event published after it began, until it ends: a postback hung in its transaction for up to
 `POSTBACK_IN_FLIGHT_WINDOW` (120 s), a migration, a session left idle in a transaction. A
 waiting reader sees such held-back events and reads again shortly (`HELD_BACK_PAUSES`) instead
 of waiting for a wake-up that their own commit already sent.
@@ -37,7 +41,10 @@ Waiting
 (services/event_waits.py), returns its database connection to the pool, and sleeps until this
 process's wake-up listener (services/wakeups.py: PostgreSQL LISTEN/NOTIFY) says the brand
 published, then reads again. It holds no connection while it sleeps, and reads the database
-only when woken (and, rarely, while committed events are held back, above).
+only when woken (and, rarely, while committed events are held back, above). It does hold its
+thread, so before it first sleeps it must be admitted under the caps on waiting requests (per
+API key and per process, services/event_waits.py); past one, it answers 429 at once. Only
+waiting is refused: a request with something to list gets it, at any cap.
 """
 
 from __future__ import annotations
@@ -46,7 +53,8 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
+from typing import NamedTuple
 
 from sqlalchemy import bindparam, func, select, text
 from sqlalchemy.dialects.postgresql import ARRAY
@@ -56,11 +64,14 @@ from extensions import db
 from models import WebhookDelivery, WebhookEvent
 from models.columns import id_time, utcnow
 from models.event_catalog import EVENT_NAMES
+from models.event_subjects import subject_key
 from schemas.event_feed import FEED_DEFAULT_LIMIT
 from services import work_slots
-from services.errors import NotFound
+from services.deliveries import count_states
+from services.errors import NotFound, ValidationFailed
 from services.event_waits import wait_for_brand
 from services.pagination import Page, paginate
+from services.psycopg_direct import fetch_all_on_psycopg, fetch_first_on_psycopg, psycopg_sql
 from services.retention import retention_period
 
 # How soon a waiting reader reads again while committed events wait for an older transaction
@@ -71,13 +82,34 @@ _START = (-1, -1)
 
 
 @dataclass(frozen=True)
+class Subject:
+    type: str
+    id: str
+
+
+@dataclass(frozen=True)
 class FeedEvent:
     """An event as the feed lists it: the fields of the body its deliveries send."""
 
     id: str
     type: str
     created_at: datetime
+    subject: Subject
+    sequence: int
     data: dict
+
+    @classmethod
+    def of_row(cls, row) -> FeedEvent:
+        """From a row with the event's id, name, created_at, subject_type, subject_id,
+        sequence and body."""
+        return cls(
+            id=row.id,
+            type=row.name,
+            created_at=row.created_at.astimezone(UTC),  # psycopg's rows: the session's zone
+            subject=Subject(type=row.subject_type, id=row.subject_id),
+            sequence=row.sequence,
+            data=json.loads(row.body)["data"],
+        )
 
 
 @dataclass(frozen=True)
@@ -101,34 +133,51 @@ class _Cursor:
 def fetch_events(
     *,
     brand_id: str,
+    key_id: str,
     after: str | None = None,
     limit: int = FEED_DEFAULT_LIMIT,
     types: Sequence[str] | None = None,
+    subject: tuple[str, str] | None = None,
     wait: float = 0,
     now: datetime | None = None,
 ) -> EventPage:
     """The brand's events after `after` (an event id; None: from the oldest kept), oldest
-    first, at most `limit`, of the `types` named (None: every type). With `wait` > 0 and
-    nothing to list, waits up to `wait` seconds for an event and answers as soon as one can be
-    listed (see the module's doc).
+    first, at most `limit`, of the `types` named (None: every type), of the `subject` (type,
+    id) given (None: every subject). With `wait` > 0 and nothing to list, waits up to `wait`
+    seconds for an event and answers as soon as one can be listed, a wait counted against the
+    caps of API key `key_id` (see the module's doc).
 
     :raise NotFound: `after` is not an event of the brand (and not one retention deleted).
+    :raise ValidationFailed: with `subject`, `after` is an event of another subject.
+    :raise RateLimited: it would have to wait, and the key or the process is at its cap.
     """
     kept_since = (now or utcnow()) - retention_period()
-    cursor = _cursor(brand_id, after, kept_since)
     names = list(types) if types else list(EVENT_NAMES)
+    if subject is None:
+        cursor = _cursor(brand_id, after, kept_since)
+
+        def read() -> EventPage:
+            return _read(brand_id, cursor, names, limit, kept_since)
+
+    else:
+        subject_cursor = _subject_cursor(brand_id, subject, after, kept_since)
+
+        def read() -> EventPage:
+            return _read_subject(brand_id, subject, subject_cursor, names, limit, kept_since)
+
     if wait <= 0:
-        return _read(brand_id, cursor, names, limit, kept_since)
+        return read()
     deadline = time.monotonic() + wait
     held_back_reads = 0
-    with wait_for_brand(brand_id) as woken:
+    with wait_for_brand(brand_id, key_id, wait) as woken:
         while True:
             # Cleared before reading: a wake-up from now on makes the wait below return at once.
             woken.clear()
-            page = _read(brand_id, cursor, names, limit, kept_since)
+            page = read()
             remaining = deadline - time.monotonic()
             if page.events or remaining <= 0 or woken.stopping:
                 return page
+            woken.admit()  # past a cap: 429 now, instead of a thread held for the wait
             # Nothing held while asleep: the request's transaction ends and its connection
             # goes back to the pool (the next read takes one again).
             db.session.commit()
@@ -148,42 +197,52 @@ def _cursor(brand_id: str, after: str | None, kept_since: datetime) -> _Cursor:
     :raise NotFound: `after` is no event of the brand, and not an expired one."""
     if after is None:
         return _Cursor(after=None, position=_START, expired=False)
-    row = db.session.execute(
-        select(WebhookEvent.xact_id, WebhookEvent.position, WebhookEvent.created_at).where(
-            WebhookEvent.id == after, WebhookEvent.brand_id == brand_id
-        )
-    ).first()
-    if row is not None and row.created_at >= kept_since:
-        return _Cursor(after=after, position=(row.xact_id, row.position), expired=False)
+    row = fetch_first_on_psycopg(
+        db.session.connection(), _CURSOR, {"after": after, "brand_id": brand_id}
+    )
+    if row is not None:
+        xact_id, position, created_at = row
+        if created_at >= kept_since:
+            return _Cursor(after=after, position=(xact_id, position), expired=False)
     made_at = id_time(after)
     if row is not None or (made_at is not None and made_at < kept_since):
         return _Cursor(after=after, position=_START, expired=True)
     raise NotFound(f"No event with id {after!r} in this brand")
 
 
+# Every read of the feed runs this and `_FEED` (a follower loops on them, and a long-poll
+# refused past a cap reads before it is refused): on psycopg directly (services.psycopg_direct).
+_CURSOR = psycopg_sql(
+    select(WebhookEvent.xact_id, WebhookEvent.position, WebhookEvent.created_at).where(
+        WebhookEvent.id == bindparam("after"), WebhookEvent.brand_id == bindparam("brand_id")
+    )
+)
+
+
 def _read(
     brand_id: str, cursor: _Cursor, names: list[str], limit: int, kept_since: datetime
 ) -> EventPage:
-    rows = db.session.execute(
-        _FEED,
-        {
-            "brand_id": brand_id,
-            "names": names,
-            "after_xact_id": cursor.position[0],
-            "after_position": cursor.position[1],
-            "kept_since": kept_since,
-            "limit": limit,
-        },
-    ).all()
+    rows = [
+        _FeedRow(*row)
+        for row in fetch_all_on_psycopg(
+            db.session.connection(),
+            _FEED,
+            {
+                "brand_id": brand_id,
+                "names": names,
+                "after_xact_id": cursor.position[0],
+                "after_position": cursor.position[1],
+                "kept_since": kept_since,
+                "limit": limit,
+            },
+        )
+    ]
     # Rows come in feed order; those of a transaction not yet below the horizon end the page.
     events = []
     for row in rows:
         if not row.settled:
             break
-        body = json.loads(row.body)
-        events.append(
-            FeedEvent(id=row.id, type=row.name, created_at=row.created_at, data=body["data"])
-        )
+        events.append(FeedEvent.of_row(row))
     return EventPage(
         events=events,
         next_after=events[-1].id if events else cursor.after,
@@ -192,18 +251,50 @@ def _read(
     )
 
 
+class _FeedRow(NamedTuple):
+    id: str
+    name: str
+    created_at: datetime
+    subject_type: str
+    subject_id: str
+    sequence: int
+    body: str
+    settled: bool
+
+
 # The brand's events of the names asked for, after the cursor, in feed order: for each name an
 # index range of ix_webhook_events_feed (brand, name, xact_id, position), merged. `settled`: the
-# row's transaction is below this statement's snapshot xmin (see the module's doc); the
+# row's transaction is below this statement's snapshot's horizon (see the module's doc); the
 # snapshot that reads the rows is the one that says so, since both are one statement.
-_FEED = text(
-    """
-    WITH horizon AS MATERIALIZED (
-        SELECT CAST(CAST(pg_snapshot_xmin(pg_current_snapshot()) AS TEXT) AS BIGINT) AS xmin
+_FEED = psycopg_sql(
+    text(
+        """
+    WITH snapshot AS MATERIALIZED (
+        SELECT pg_current_snapshot() AS taken
+    ),
+    horizon AS MATERIALIZED (
+        SELECT coalesce(
+            (
+                SELECT min(running.id)
+                FROM (
+                    SELECT CAST(CAST(xid AS TEXT) AS BIGINT) AS id
+                    FROM pg_snapshot_xip(snapshot.taken) AS xip(xid)
+                ) AS running
+                -- backend_xid is the 32-bit form of the same id.
+                WHERE running.id % 4294967296 NOT IN (
+                    SELECT CAST(CAST(activity.backend_xid AS TEXT) AS BIGINT)
+                    FROM pg_stat_activity AS activity
+                    WHERE activity.datname <> current_database()
+                      AND activity.backend_xid IS NOT NULL
+                )
+            ),
+            CAST(CAST(pg_snapshot_xmax(snapshot.taken) AS TEXT) AS BIGINT)
+        ) AS xmin
+        FROM snapshot
     ),
     candidates AS (
         SELECT page.id, page.xact_id, page.position
-        FROM unnest(:names) AS wanted(name)
+        FROM unnest(CAST(:names AS varchar[])) AS wanted(name)
         CROSS JOIN LATERAL (
             SELECT event.id, event.xact_id, event.position
             FROM webhook_events AS event
@@ -217,17 +308,129 @@ _FEED = text(
         ORDER BY page.xact_id, page.position
         LIMIT :limit
     )
-    SELECT event.id, event.name, event.created_at, event.body,
-           candidates.xact_id < horizon.xmin AS settled
+    SELECT event.id, event.name, event.created_at, event.subject_type, event.subject_id,
+           event.sequence, event.body, candidates.xact_id < horizon.xmin AS settled
     FROM candidates
     JOIN webhook_events AS event ON event.id = candidates.id
     CROSS JOIN horizon
     ORDER BY candidates.xact_id, candidates.position
     """
-).bindparams(
-    bindparam("names", type_=ARRAY(String)),
-    bindparam("kept_since", type_=WebhookEvent.__table__.c.created_at.type),
+    )
 )
+
+
+# ---- one subject's events ----
+#
+# A subject's events are listed in `sequence` order, which needs no horizon: a publisher takes
+# the subject's next number under a lock on its counter held until its transaction ends
+# (services/events.py), so an event numbered n + 1 is written only after the one numbered n has
+# committed. Whoever sees n + 1 sees n: a cursor on a sequence never passes an event to come.
+
+
+@dataclass(frozen=True)
+class _SubjectCursor:
+    after: str | None
+    sequence: int
+    expired: bool
+
+
+def _subject_cursor(
+    brand_id: str, subject: tuple[str, str], after: str | None, kept_since: datetime
+) -> _SubjectCursor:
+    """Where a subject's events resume after `after`, one of them (or one retention deleted:
+    from the oldest kept).
+
+    :raise NotFound: `after` is no event of the brand, and not an expired one.
+    :raise ValidationFailed: `after` is an event of another subject."""
+    if after is None:
+        return _SubjectCursor(after=None, sequence=0, expired=False)
+    row = db.session.execute(
+        select(
+            WebhookEvent.subject_type,
+            WebhookEvent.subject_id,
+            WebhookEvent.sequence,
+            WebhookEvent.created_at,
+        ).where(WebhookEvent.id == after, WebhookEvent.brand_id == brand_id)
+    ).first()
+    if row is not None and (row.subject_type, row.subject_id) != subject:
+        raise ValidationFailed(
+            "`after` is an event of another subject",
+            {
+                "after": [
+                    f"Event {after} is of {subject_key(row.subject_type, row.subject_id)}, not "
+                    f"{subject_key(*subject)}: pass one of that subject's events, or leave "
+                    "`after` out to start at its first."
+                ]
+            },
+        )
+    if row is not None and row.created_at >= kept_since:
+        return _SubjectCursor(after=after, sequence=row.sequence, expired=False)
+    made_at = id_time(after)
+    if row is not None or (made_at is not None and made_at < kept_since):
+        return _SubjectCursor(after=after, sequence=0, expired=True)
+    raise NotFound(f"No event with id {after!r} in this brand")
+
+
+def _read_subject(
+    brand_id: str,
+    subject: tuple[str, str],
+    cursor: _SubjectCursor,
+    names: list[str],
+    limit: int,
+    kept_since: datetime,
+) -> EventPage:
+    events = subject_events(
+        brand_id,
+        subject,
+        after_sequence=cursor.sequence,
+        limit=limit,
+        names=names,
+        kept_since=kept_since,
+    )
+    return EventPage(
+        events=events,
+        next_after=events[-1].id if events else cursor.after,
+        cursor_expired=cursor.expired,
+    )
+
+
+def subject_events(
+    brand_id: str,
+    subject: tuple[str, str],
+    *,
+    after_sequence: int,
+    limit: int,
+    names: Sequence[str] | None = None,
+    kept_since: datetime | None = None,
+) -> list[FeedEvent]:
+    """The kept events of the brand's `subject` (type, id) numbered after `after_sequence`, in
+    sequence order, at most `limit`, of the `names` given (None: every one)."""
+    subject_type, subject_id = subject
+    statement = (
+        select(
+            WebhookEvent.id,
+            WebhookEvent.name,
+            WebhookEvent.created_at,
+            WebhookEvent.subject_type,
+            WebhookEvent.subject_id,
+            WebhookEvent.sequence,
+            WebhookEvent.body,
+        )
+        # One range of ix_webhook_events_subject (brand, subject type, subject id, sequence).
+        .where(
+            WebhookEvent.brand_id == brand_id,
+            WebhookEvent.subject_type == subject_type,
+            WebhookEvent.subject_id == subject_id,
+            WebhookEvent.sequence > after_sequence,
+            WebhookEvent.created_at
+            >= (kept_since if kept_since is not None else utcnow() - retention_period()),
+        )
+        .order_by(WebhookEvent.sequence)
+        .limit(limit)
+    )
+    if names is not None and set(names) != set(EVENT_NAMES):
+        statement = statement.where(WebhookEvent.name.in_(list(names)))
+    return [FeedEvent.of_row(row) for row in db.session.execute(statement)]
 
 
 # ---- one event, and the brand's events newest first (the dashboard) ----
@@ -247,6 +450,8 @@ class EventDetail:
     id: str
     type: str
     created_at: datetime
+    subject: Subject
+    sequence: int
     data: dict
     body: str
     deliveries: list[EventDelivery] = field(default_factory=list)
@@ -277,6 +482,8 @@ def get_event(brand_id: str, event_id: str) -> EventDetail:
         id=event.id,
         type=event.name,
         created_at=event.created_at,
+        subject=Subject(type=event.subject_type, id=event.subject_id),
+        sequence=event.sequence,
         data=json.loads(event.body)["data"],
         body=event.body,
         deliveries=[EventDelivery(**row._mapping) for row in deliveries],
@@ -288,7 +495,8 @@ class ListedEvent:
     id: str
     type: str
     created_at: datetime
-    # Its deliveries by status (`pending`, `delivered`, `failed`), redeliveries included.
+    # Its deliveries by state (services.deliveries.DELIVERY_STATES: `waiting`, `retrying`,
+    # `delivered`, `failed`), redeliveries included.
     deliveries: dict[str, int]
 
 
@@ -301,7 +509,7 @@ def list_events(
     now: datetime | None = None,
 ) -> Page:
     """The brand's kept events newest first (the feed's order, reversed), of one type or all,
-    each with its deliveries counted by status."""
+    each with its deliveries counted by state."""
     kept_since = (now or utcnow()) - retention_period()
     names = [event_type] if event_type else list(EVENT_NAMES)
     parameters = {"brand_id": brand_id, "names": names, "kept_since": kept_since}
@@ -319,17 +527,21 @@ def list_events(
     )
     listed = paginate(page_statement, page=page, limit=limit, count=counted)
     ids = [event.id for event in listed.items]
-    counts: dict[str, dict[str, int]] = {event_id: {} for event_id in ids}
+    rows: dict[str, list[tuple[str, bool, int]]] = {event_id: [] for event_id in ids}
     if ids:
-        for event_id, status, count in db.session.execute(
-            select(WebhookDelivery.event_id, WebhookDelivery.status, func.count())
+        retrying = WebhookDelivery.is_retrying
+        for event_id, status, is_retrying, count in db.session.execute(
+            select(WebhookDelivery.event_id, WebhookDelivery.status, retrying, func.count())
             .where(WebhookDelivery.event_id.in_(ids))
-            .group_by(WebhookDelivery.event_id, WebhookDelivery.status)
+            .group_by(WebhookDelivery.event_id, WebhookDelivery.status, retrying)
         ):
-            counts[event_id][status] = count
+            rows[event_id].append((status, is_retrying, count))
     items = [
         ListedEvent(
-            id=event.id, type=event.name, created_at=event.created_at, deliveries=counts[event.id]
+            id=event.id,
+            type=event.name,
+            created_at=event.created_at,
+            deliveries=count_states(rows[event.id]),
         )
         for event in listed.items
     ]

@@ -7,28 +7,117 @@ at once; with None ("the listener reconnected, anything may have happened") it s
 flag, and each waiter reads once more. While the listener is not listening (starting, or
 reconnecting), wake-ups can be lost, so a waiter then reads again every
 `UNHEARD_POLL_SECONDS` instead of trusting its flag alone.
+
+Caps
+----
+A waiting request holds its gunicorn thread (gthread runs a request in one thread until it
+returns), so waits are capped per process: `EVENT_WAITS_PER_PROCESS` in all, never more than half
+the worker's threads (`limit_waits_to_threads`, from gunicorn.conf.py), and
+`EVENT_WAITS_PER_KEY` of one API key. A request is counted only once it is about to sleep
+(`Waiter.admit`): past a cap it is answered at once with 429 `RATE_LIMITED` and `Retry-After`,
+and the threads it would have held stay free for every other call. Retry-After is the wait it
+asked for plus up to as much again at random: at least the wait, so that a refused client loops
+no faster than one that was held, and spread, so that clients refused together (a burst of a
+thousand) do not all come back together, again and again. Counted in the process rather than
+in Redis: the threads are the process's, a count dies with its process, and waiting costs no
+round trip.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import secrets
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from flask import current_app
+
+from observability.metrics import EVENT_WAITS, RATE_LIMITED
+from services.errors import RateLimited
 from services.wakeups import WakeupListener, listener_for
 
 # While wake-ups cannot be heard, how often a waiter reads anyway.
 UNHEARD_POLL_SECONDS = 1.0
 
 
-class Waiter:
-    """One waiting request's flag."""
+class WaitCounts:
+    """This process's waiting requests, in all and per API key."""
 
-    def __init__(self, listener: WakeupListener) -> None:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._total = 0
+        self._by_key: dict[str, int] = {}
+
+    def admit(self, key_id: str, *, per_key: int, per_process: int, retry_after: int) -> None:
+        """Count one more waiting request of `key_id`.
+
+        :raise RateLimited: the key, or the process, already has as many as its cap.
+        """
+        with self._lock:
+            held = self._by_key.get(key_id, 0)
+            if held < per_key and self._total < per_process:
+                self._by_key[key_id] = held + 1
+                self._total += 1
+                EVENT_WAITS.inc()
+                return
+        if held >= per_key:
+            limit = "event_waits_per_key"
+            refused = (
+                f"This API key already has {held} long-polls waiting on the server that took "
+                "this request"
+            )
+        else:
+            limit = "event_waits_per_process"
+            refused = (
+                "The server that took this request has as many long-polls waiting as it may "
+                f"({per_process})"
+            )
+        RATE_LIMITED.labels(limit=limit).inc()
+        raise RateLimited(
+            retry_after=retry_after,
+            message=f"{refused}; retry after {retry_after} seconds",
+        )
+
+    def release(self, key_id: str) -> None:
+        with self._lock:
+            self._total -= 1
+            EVENT_WAITS.dec()
+            held = self._by_key.pop(key_id) - 1
+            if held:
+                self._by_key[key_id] = held
+
+
+class Waiter:
+    """One waiting request's flag, and its place among the process's waits once admitted."""
+
+    def __init__(self, listener: WakeupListener, key_id: str, seconds: float) -> None:
         self._flag = threading.Event()
         self._listener = listener
         self.stopping = False
+        self.key_id = key_id
+        self.seconds = seconds
+        self.admitted = False
+
+    def admit(self) -> None:
+        """The request is about to sleep: count it against the caps, once (the registry lets
+        go of it when the wait ends).
+
+        :raise RateLimited: past a cap; Retry-After is between the wait it asked for and twice
+            that (see the module's doc).
+        """
+        if self.admitted:
+            return
+        per_key, per_process = wait_caps()
+        wait = max(1, math.ceil(self.seconds))
+        _counts.admit(
+            self.key_id,
+            per_key=per_key,
+            per_process=per_process,
+            retry_after=wait + secrets.randbelow(wait + 1),
+        )
+        self.admitted = True
 
     def set(self) -> None:
         self._flag.set()
@@ -78,8 +167,8 @@ class BrandWaiters:
             return sum(len(waiters) for waiters in self._by_brand.values())
 
     @contextmanager
-    def waiting(self, brand_id: str) -> Iterator[Waiter]:
-        waiter = Waiter(self.listener)
+    def waiting(self, brand_id: str, key_id: str, seconds: float) -> Iterator[Waiter]:
+        waiter = Waiter(self.listener, key_id, seconds)
         with self._lock:
             waiter.stopping = self._stopping
             self._by_brand.setdefault(brand_id, set()).add(waiter)
@@ -92,11 +181,32 @@ class BrandWaiters:
                     waiters.discard(waiter)
                     if not waiters:
                         del self._by_brand[brand_id]
+            if waiter.admitted:
+                _counts.release(key_id)
 
 
 _registries: dict[int, BrandWaiters] = {}
 _registries_lock = threading.Lock()
 _stopping = False
+_counts = WaitCounts()
+# Half the gunicorn worker's threads, when it runs requests in threads (gunicorn.conf.py).
+_thread_cap: int | None = None
+
+
+def limit_waits_to_threads(threads: int) -> None:
+    """This process runs each request in one of `threads` threads: waits may hold at most half
+    of them, whatever EVENT_WAITS_PER_PROCESS says, so that other calls always find one."""
+    global _thread_cap
+    _thread_cap = threads // 2
+
+
+def wait_caps() -> tuple[int, int]:
+    """(per API key, per process) for the current app, as this process runs it."""
+    settings = current_app.extensions["settings"]
+    per_process = settings.event_waits_per_process
+    if _thread_cap is not None:
+        per_process = min(per_process, _thread_cap)
+    return settings.event_waits_per_key, per_process
 
 
 def brand_waiters() -> BrandWaiters:
@@ -109,9 +219,10 @@ def brand_waiters() -> BrandWaiters:
         return registry
 
 
-def wait_for_brand(brand_id: str):
-    """A context in which a `Waiter` is woken when the brand publishes (see the module's doc)."""
-    return brand_waiters().waiting(brand_id)
+def wait_for_brand(brand_id: str, key_id: str, seconds: float):
+    """A context in which a `Waiter` of `key_id` is woken when the brand publishes; it waits
+    at most `seconds` in all, once `admit()` let it (see the module's doc)."""
+    return brand_waiters().waiting(brand_id, key_id, seconds)
 
 
 def stop_every_wait() -> None:
@@ -127,10 +238,11 @@ def stop_every_wait() -> None:
 
 def _fresh_after_fork() -> None:
     # A forked child has none of its parent's threads (the listener included): it starts empty.
-    global _registries, _registries_lock, _stopping
+    global _registries, _registries_lock, _stopping, _counts
     _registries = {}
     _registries_lock = threading.Lock()
     _stopping = False
+    _counts = WaitCounts()
 
 
 os.register_at_fork(after_in_child=_fresh_after_fork)

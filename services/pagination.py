@@ -6,6 +6,11 @@ reads a million index entries (about 90 ms on PostgreSQL here). So rows are coun
 COUNT_LIMIT past the start of the list (or past the requested page, if deeper): below that
 `total` is exact, above it `total` is that lower bound and `totalExact` is false, the way
 GitLab shows "10,000+". `hasNext` is always exact.
+
+A page at or past COUNT_LIMIT is read with one row more than it shows, and that read is the
+count: the rows before it are known to exist (it starts after them), and the extra row says
+whether more follow. So a deep page walks the index once, not twice (once to count, once to
+skip); only a page past the end of the list counts, to say where the list ends.
 """
 
 from __future__ import annotations
@@ -54,6 +59,23 @@ def paginate(
     whose rows are counted.
     """
     offset = (page - 1) * limit
+    # One row more than the page: whether another follows it.
+    if callable(statement):
+        page_statement = statement(offset, limit + 1)
+    else:
+        page_statement = statement.limit(limit + 1).offset(offset)
+    items = list(db.session.scalars(page_statement))
+    more = len(items) > limit
+    del items[limit:]
+    if items and offset + limit >= COUNT_LIMIT:
+        # Deep: the page is the count (see above).
+        return Page(
+            items=items,
+            page=page,
+            limit=limit,
+            total=offset + len(items),
+            total_exact=not more,
+        )
     count_up_to = max(COUNT_LIMIT, offset + limit) + 1
     # A function of (offset, limit) always comes with its `count`.
     counted_statement = count if count is not None else cast(Select, statement)
@@ -65,11 +87,6 @@ def paginate(
             .subquery()
         )
     ).scalar_one()
-    if callable(statement):
-        page_statement = statement(offset, limit)
-    else:
-        page_statement = statement.limit(limit).offset(offset)
-    items = list(db.session.scalars(page_statement)) if counted else []
     exact = counted < count_up_to
     # Above the bound, one more row than the bound is known to exist: say so with `hasNext`
     # while the total stays the honest lower bound.

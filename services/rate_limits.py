@@ -27,8 +27,10 @@ log = logging.getLogger("brand_api.rate_limits")
 
 API = "api"
 POSTBACK = "postback"
-# Failed dashboard sign-ins, counted per client address (only failures are counted).
+# Failed dashboard sign-ins (only failures are counted), per client and across every client
+# (services/sign_in_throttle.py).
 SIGN_IN_FAILURES = "sign_in_failures"
+SIGN_IN_FAILURES_GLOBAL = "sign_in_failures_global"
 KEY_PREFIX = "brand-api:rate"
 # After Redis fails, requests go unchecked this long before it is asked again, so that a hung
 # Redis costs one short timeout per process and interval, not one per request.

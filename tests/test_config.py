@@ -26,6 +26,9 @@ def test_development_defaults(tmp_path):
     assert (loaded.webhook_disable_failures, loaded.webhook_disable_window) == (15, 259200)
     assert loaded.webhook_timeout == 10.0
     assert loaded.webhook_sweep_interval == 10.0
+    assert loaded.sign_in_failures_per_address == "10/minute"
+    assert loaded.sign_in_failures_global == "600/minute"
+    assert (loaded.event_waits_per_key, loaded.event_waits_per_process) == (10, 128)
 
 
 def test_development_secrets_are_generated_once_into_instance(tmp_path):
@@ -101,6 +104,11 @@ def test_embedded_postgresql_url_is_found_only_while_its_socket_exists(tmp_path)
         ("WEBHOOK_RETRY_SCHEDULE", "5,-1"),
         ("WEBHOOK_TIMEOUT", "0"),
         ("WEBHOOK_DISABLE_FAILURES", "0"),
+        ("SIGN_IN_FAILURES_GLOBAL", "lots"),
+        ("EVENT_WAITS_PER_KEY", "0"),
+        ("EVENT_WAITS_PER_KEY", "ten"),
+        ("EVENT_WAITS_PER_PROCESS", "-1"),
+        ("EVENT_WAITS_PER_PROCESS", "10001"),
     ],
 )
 def test_malformed_values_name_the_variable(tmp_path, name, value):

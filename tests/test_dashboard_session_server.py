@@ -16,17 +16,17 @@ from datetime import timedelta
 
 import pytest
 import requests
-from sqlalchemy import update
+from sqlalchemy import Interval, literal, update
 
 from app import create_app
 from extensions import db
 from models import DashboardSession
 from models.columns import utcnow
+from tests.dashboard import SIGNING_SECRET
 from tests.server_process import ServerProcess
 
 _CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 SECRET = re.compile(r"svc_live_[A-Za-z0-9]{30,}")
-SIGNING_SECRET = re.compile(r"whsec_[A-Za-z0-9+/=_-]{20,}")
 IDLE = 3600
 LIFETIME = 43200
 
@@ -215,6 +215,20 @@ def age_sessions(app, **ages: timedelta) -> None:
         db.session.commit()
 
 
+def pass_time(app, elapsed: timedelta) -> None:
+    """Move every session's clocks back by `elapsed`, as if that much time had passed since
+    each was written."""
+    interval = literal(elapsed, Interval())
+    with app.app_context():
+        db.session.execute(
+            update(DashboardSession).values(
+                created_at=DashboardSession.created_at - interval,
+                last_seen_at=DashboardSession.last_seen_at - interval,
+            )
+        )
+        db.session.commit()
+
+
 def sign_in(client, secret: str) -> None:
     token = _CSRF.search(client.get("/dashboard/sign-in").get_data(as_text=True))[1]
     response = client.post("/dashboard/sign-in", data={"apiKey": secret, "csrf_token": token})
@@ -257,6 +271,19 @@ def test_the_lifetimes_are_settings(app_environ, write_key):
     assert client.get("/dashboard/").status_code == 303
 
 
+def test_a_60_second_idle_timeout_keeps_a_session_used_every_20_seconds(app_environ, write_key):
+    """The last use is written often enough for the shortest idle timeout (it was written once
+    a minute, so a 60 s timeout ended every session a minute after sign-in, however busy)."""
+    short = create_app(app_environ | {"DASHBOARD_SESSION_IDLE_TIMEOUT": "60"})
+    client = short.test_client()
+    sign_in(client, write_key)
+    for _ in range(9):  # three minutes of use every 20 s
+        pass_time(short, timedelta(seconds=20))
+        assert client.get("/dashboard/").status_code == 200
+    pass_time(short, timedelta(seconds=61))  # then a minute without a request: it ends
+    assert client.get("/dashboard/").status_code == 303
+
+
 def test_while_the_database_is_down_the_dashboard_says_so_and_signs_no_one_out(
     app_environ, client, write_key
 ):
@@ -276,14 +303,20 @@ def test_while_the_database_is_down_the_dashboard_says_so_and_signs_no_one_out(
 # --- failed sign-ins --------------------------------------------------------------------------
 
 
-def throttled_client(app_environ):
-    """An app with the default limit, and a client from an address of its own."""
+def throttled_client(app_environ, address: str | None = None):
+    """An app with the default limit per client, and a client from `address`, by default one
+    in a /64 of its own (IPv6 clients are counted by /64)."""
     limited = create_app(
         {k: v for k, v in app_environ.items() if k != "SIGN_IN_FAILURES_PER_ADDRESS"}
     )
     client = limited.test_client()
-    client.environ_base["REMOTE_ADDR"] = f"2001:db8::{uuid.uuid4().hex[:4]}"
+    client.environ_base["REMOTE_ADDR"] = address or f"{own_network()}::1"
     return client
+
+
+def own_network() -> str:
+    """The first four groups of an IPv6 /64 no other client of the run uses."""
+    return f"2001:db8:{uuid.uuid4().hex[:4]}:{uuid.uuid4().hex[:4]}"
 
 
 def post_sign_in(client, secret: str):
@@ -318,6 +351,61 @@ def test_throttling_counts_failures_only_and_per_address(app_environ, write_key)
     assert post_sign_in(client, write_key).status_code == 429
     elsewhere = throttled_client(app_environ)
     assert post_sign_in(elsewhere, write_key).status_code == 303
+
+
+def test_an_ipv6_client_is_counted_by_its_64_and_an_ipv4_client_by_its_address(
+    app_environ, write_key
+):
+    """Ten failures from ten addresses of one /64 use up its limit for every address in it;
+    the /64 next door, and IPv4 addresses (an IPv4-mapped one included), keep their own."""
+    network = own_network()
+    for host in range(1, 11):
+        client = throttled_client(app_environ, f"{network}:{host:x}:{host:x}:{host:x}:{host:x}")
+        assert post_sign_in(client, "svc_live_" + "x" * 40).status_code == 303
+    same_64 = throttled_client(app_environ, f"{network}:ffff:1:2:3")
+    refused = post_sign_in(same_64, write_key)
+    assert refused.status_code == 429
+    assert "Too many failed sign-ins from your address" in refused.get_data(as_text=True)
+    assert post_sign_in(throttled_client(app_environ), write_key).status_code == 303
+
+    ipv4 = f"198.51.100.{uuid.uuid4().int % 250 + 1}"
+    for _ in range(10):
+        post_sign_in(throttled_client(app_environ, ipv4), "svc_live_" + "x" * 40)
+    assert post_sign_in(throttled_client(app_environ, ipv4), write_key).status_code == 429
+    mapped = throttled_client(app_environ, f"::ffff:{ipv4}")
+    assert post_sign_in(mapped, write_key).status_code == 429  # the same client, spelled in IPv6
+    next_door = ".".join([*ipv4.split(".")[:3], str(int(ipv4.rsplit(".", 1)[1]) + 1)])
+    assert post_sign_in(throttled_client(app_environ, next_door), write_key).status_code == 303
+
+
+def test_failed_sign_ins_from_everywhere_meet_a_global_ceiling(app_environ, brand, write_key):
+    """Each address stays far under its own limit, yet past SIGN_IN_FAILURES_GLOBAL failures
+    in all, every sign-in and first-key attempt gets the 429 page until the window has room."""
+    limited = create_app(app_environ | {"SIGN_IN_FAILURES_GLOBAL": "12/minute"})
+
+    def client_from(address: str):
+        client = limited.test_client()
+        client.environ_base["REMOTE_ADDR"] = address
+        return client
+
+    for host in range(1, 7):  # six IPv4 addresses and six IPv6 /64s, one failure each
+        assert post_sign_in(client_from(f"203.0.113.{host}"), "svc_live_x").status_code == 303
+        assert post_sign_in(client_from(f"{own_network()}::1"), "svc_live_x").status_code == 303
+    newcomer = client_from("192.0.2.77")
+    refused = post_sign_in(newcomer, write_key)  # the right key, from an address never seen
+    assert refused.status_code == 429
+    wait = int(refused.headers["Retry-After"])
+    assert 1 <= wait <= 60
+    page = refused.get_data(as_text=True)
+    assert "Too many failed sign-ins to this service from everywhere" in page
+    assert f"Try again in {wait} seconds" in page
+    assert newcomer.get("/dashboard/").status_code == 303  # not signed in
+    token = _CSRF.search(newcomer.get("/dashboard/first-key").get_data(as_text=True))[1]
+    first_key = newcomer.post(
+        "/dashboard/first-key",
+        data={"brandId": brand, "bootstrapToken": "bst_x", "name": "a", "csrf_token": token},
+    )
+    assert first_key.status_code == 429
 
 
 def test_guessing_bootstrap_tokens_is_throttled_too(app_environ, brand):

@@ -4,6 +4,7 @@ update-endpoint in test and production apps, and services.endpoint_urls itself."
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
 from collections.abc import Iterator
 
@@ -419,3 +420,150 @@ def test_public_addresses(address):
 )
 def test_non_public_addresses(address):
     assert is_public_address(ipaddress.ip_address(address)) is False
+
+
+# --- IANA's special-purpose address registries, entry by entry -----------------------------------
+
+# Both registries as IANA publishes them (iana-ipv4-special-registry, iana-ipv6-special-registry),
+# transcribed here apart from the code: (block, name, "Globally Reachable" with N/A or blank as
+# None, an address inside the block and inside no more specific entry).
+IANA_SPECIAL_PURPOSE = [
+    ("0.0.0.0/8", '"This network"', False, "0.1.2.3"),
+    ("0.0.0.0/32", '"This host on this network"', False, "0.0.0.0"),  # noqa: S104
+    ("10.0.0.0/8", "Private-Use", False, "10.20.30.40"),
+    ("100.64.0.0/10", "Shared Address Space", False, "100.127.255.254"),
+    ("127.0.0.0/8", "Loopback", False, "127.1.2.3"),
+    ("169.254.0.0/16", "Link Local", False, "169.254.169.254"),
+    ("172.16.0.0/12", "Private-Use", False, "172.31.0.1"),
+    ("192.0.0.0/24", "IETF Protocol Assignments", False, "192.0.0.192"),
+    ("192.0.0.0/29", "IPv4 Service Continuity Prefix", False, "192.0.0.1"),
+    ("192.0.0.8/32", "IPv4 dummy address", False, "192.0.0.8"),
+    ("192.0.0.9/32", "Port Control Protocol Anycast", True, "192.0.0.9"),
+    ("192.0.0.10/32", "Traversal Using Relays around NAT Anycast", True, "192.0.0.10"),
+    ("192.0.0.170/32", "NAT64/DNS64 Discovery", False, "192.0.0.170"),
+    ("192.0.0.171/32", "NAT64/DNS64 Discovery", False, "192.0.0.171"),
+    ("192.0.2.0/24", "Documentation (TEST-NET-1)", False, "192.0.2.1"),
+    ("192.31.196.0/24", "AS112-v4", True, "192.31.196.1"),
+    ("192.52.193.0/24", "AMT", True, "192.52.193.1"),
+    ("192.88.99.0/24", "Deprecated (6to4 Relay Anycast)", None, "192.88.99.1"),
+    ("192.88.99.2/32", "6a44-relay anycast address", False, "192.88.99.2"),
+    ("192.168.0.0/16", "Private-Use", False, "192.168.1.1"),
+    ("192.175.48.0/24", "Direct Delegation AS112 Service", True, "192.175.48.1"),
+    ("198.18.0.0/15", "Benchmarking", False, "198.19.255.1"),
+    ("198.51.100.0/24", "Documentation (TEST-NET-2)", False, "198.51.100.7"),
+    ("203.0.113.0/24", "Documentation (TEST-NET-3)", False, "203.0.113.7"),
+    ("240.0.0.0/4", "Reserved", False, "250.1.2.3"),
+    ("255.255.255.255/32", "Limited Broadcast", False, "255.255.255.255"),
+    ("::1/128", "Loopback Address", False, "::1"),
+    ("::/128", "Unspecified Address", False, "::"),
+    ("::ffff:0:0/96", "IPv4-mapped Address", False, "::ffff:8.8.8.8"),
+    ("64:ff9b::/96", "IPv4-IPv6 Translat.", True, "64:ff9b::808:808"),
+    ("64:ff9b:1::/48", "IPv4-IPv6 Translat.", False, "64:ff9b:1::808:808"),
+    ("100::/64", "Discard-Only Address Block", False, "100::1"),
+    ("100:0:0:1::/64", "Dummy IPv6 Prefix", False, "100:0:0:1::1"),
+    ("2001::/23", "IETF Protocol Assignments", False, "2001:1ff::1"),
+    ("2001::/32", "TEREDO", None, "2001:0:808:808::1"),
+    ("2001:1::1/128", "Port Control Protocol Anycast", True, "2001:1::1"),
+    ("2001:1::2/128", "Traversal Using Relays around NAT Anycast", True, "2001:1::2"),
+    ("2001:1::3/128", "DNS-SD Service Registration Protocol Anycast", True, "2001:1::3"),
+    ("2001:2::/48", "Benchmarking", False, "2001:2::1"),
+    ("2001:3::/32", "AMT", True, "2001:3::1"),
+    ("2001:4:112::/48", "AS112-v6", True, "2001:4:112::1"),
+    ("2001:10::/28", "Deprecated (previously ORCHID)", None, "2001:10::1"),
+    ("2001:20::/28", "ORCHIDv2", True, "2001:20::1"),
+    ("2001:30::/28", "Drone Remote ID Protocol Entity Tags (DETs) Prefix", True, "2001:30::1"),
+    ("2001:db8::/32", "Documentation", False, "2001:db8::1"),
+    ("2002::/16", "6to4", None, "2002:808:808::1"),
+    ("2620:4f:8000::/48", "Direct Delegation AS112 Service", True, "2620:4f:8000::1"),
+    ("3fff::/20", "Documentation", False, "3fff::1"),
+    ("5f00::/16", "Segment Routing (SRv6) SIDs", False, "5f00::1"),
+    ("fc00::/7", "Unique-Local", False, "fd12:3456::1"),
+    ("fe80::/10", "Link-Local Unicast", False, "fe80::1"),
+]
+
+
+@pytest.fixture(scope="module")
+def development_app(app, app_environ) -> Iterator[Flask]:
+    application = create_app({**app_environ, "APP_ENV": "development"})
+    yield application
+    with application.app_context():
+        db.engine.dispose()
+
+
+def test_the_code_holds_both_registries_whole():
+    held = {
+        (str(block.network), block.name, block.globally_reachable)
+        for block in endpoint_urls.SPECIAL_PURPOSE_BLOCKS
+    }
+    assert held == {(block, name, reachable) for block, name, reachable, _ in IANA_SPECIAL_PURPOSE}
+    assert len(endpoint_urls.SPECIAL_PURPOSE_BLOCKS) == 26 + 25
+
+
+def test_each_sample_address_is_in_its_entry_and_in_no_more_specific_one():
+    networks = [ipaddress.ip_network(block) for block, *_ in IANA_SPECIAL_PURPOSE]
+    for network, (_block, _name, _reachable, sample) in zip(
+        networks, IANA_SPECIAL_PURPOSE, strict=True
+    ):
+        address = ipaddress.ip_address(sample)
+        assert address in network
+        narrower = [
+            other
+            for other in networks
+            if other.version == network.version
+            and other.prefixlen > network.prefixlen
+            and address in other
+        ]
+        assert narrower == [], (sample, narrower)
+
+
+def url_of(address: str) -> str:
+    host = f"[{address}]" if ":" in address else address
+    return f"https://{host}/hooks"
+
+
+@pytest.mark.parametrize(
+    ("block", "name", "reachable", "address"),
+    IANA_SPECIAL_PURPOSE,
+    ids=[f"{block} {name}" for block, name, *_ in IANA_SPECIAL_PURPOSE],
+)
+def test_every_registry_entry_not_globally_reachable_is_refused_everywhere(
+    development_app, production_app, brand, write_key, block, name, reachable, address
+):
+    """At registration, at update and at every attempt, in development and in production:
+    refused unless the registry calls the block globally reachable (the anycast services,
+    AS112, AMT and NAT64, which answer on the Internet), and then accepted."""
+    url = url_of(address)
+    for application in (development_app, production_app):
+        client = application.test_client()
+        env = application.extensions["settings"].app_env
+        registered = register_response(client, brand, write_key, url)
+        existing = assert_success(register_response(client, brand, write_key, UNRESOLVABLE), 201)
+        updated = update_response(client, brand, write_key, existing["id"], url)
+        policy = UrlPolicy.for_environment(env)
+        if reachable is True:
+            assert assert_success(registered, 201)["url"] == url, env
+            assert assert_success(updated)["url"] == url, env
+            assert attempt_target(url, policy).address == str(ipaddress.ip_address(address))
+        else:
+            message = assert_error(registered, 400, "VALIDATION_ERROR")["errors"]["url"][0]
+            assert f"({block}, {name})" in message, (env, message)
+            assert_url_refused(updated)
+            with pytest.raises(AddressRefused, match=re.escape(f"({block}, {name})")):
+                attempt_target(url, policy)
+        listed = listed_urls(client, brand, write_key)
+        assert (url in listed) is (reachable is True), (env, listed)
+
+
+def test_the_local_exception_outlives_the_registry_outside_production(
+    development_app, production_app, brand, write_key
+):
+    """CONTRACT 6.3: http://localhost and http://127.0.0.1 (127.0.0.0/8, Loopback) in
+    development, and nowhere in production; any other loopback address in neither."""
+    for url in ("http://localhost:8080/hooks", "http://127.0.0.1:9000/hooks"):
+        development = development_app.test_client()
+        assert_success(register_response(development, brand, write_key, url), 201)
+        assert attempt_target(url, DEV_POLICY).address == "127.0.0.1"
+        production = production_app.test_client()
+        assert_url_refused(register_response(production, brand, write_key, url))
+    development = development_app.test_client()
+    assert_url_refused(register_response(development, brand, write_key, "http://127.0.0.2/h"))

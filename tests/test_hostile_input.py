@@ -5,16 +5,21 @@ answers 4xx, never 500, and the log gets one line per request, never a traceback
 What PostgreSQL cannot store (NUL, a lone UTF-16 surrogate, NaN/Infinity/1e400) and bodies nested
 beyond the limit are refused where the body is parsed: 400 `VALIDATION_ERROR` naming the field
 (or `body`), nothing stored, and an `Idempotency-Key` not kept.
+
+The dashboard gets the same corpus in every path segment, query parameter and form field of
+every route (found from the route table, its templates and its views): never a 500.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import socket
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 import requests
@@ -22,6 +27,7 @@ import requests
 from app import create_app
 from blueprints.api import API_PREFIX
 from blueprints.api.operations import MAX_BODY_DEPTH
+from tests.dashboard import sign_in
 from tests.helpers import assert_error, assert_success
 from tests.server_process import ServerProcess
 
@@ -602,3 +608,323 @@ def test_development_and_test_send_no_strict_transport_security(client, app_envi
     assert "Strict-Transport-Security" not in client.get("/healthz").headers
     development = create_app(app_environ | {"APP_ENV": "development"})
     assert "Strict-Transport-Security" not in development.test_client().get("/healthz").headers
+
+
+# --- the dashboard: every route's path segments, query parameters and form fields ----------------
+
+DASHBOARD_CODE = Path(__file__).resolve().parent.parent / "blueprints" / "dashboard"
+_URL_FOR_CALL = re.compile(r"url_for\(([^)]*)\)")
+_KEYWORD = re.compile(r"\b([A-Za-z][A-Za-z_]*)=")
+_ARGS_READ = re.compile(r"request\.args(?:\.get)?[\[(]\"([A-Za-z_]+)\"")
+# Every id prefix of CONTRACT 3: a hostile value that starts like an id gets past a prefix check.
+ID_PREFIXES = ("brd", "key", "whe", "whd", "evt", "conv", "cmp", "deal", "lnk", "plc", "esc")
+# What PostgreSQL refuses (the cause of the 500s), each alone and after an id's prefix.
+NUL_VALUES = {"nul": "\x00", "nul inside": "a\x00b"} | {
+    f"nul after {prefix}_": f"{prefix}_\x00" for prefix in ID_PREFIXES
+}
+
+
+def dashboard_rules(app) -> list:
+    """Every dashboard route, the destructive ones last (a hostile id must change nothing)."""
+    rules = [rule for rule in app.url_map.iter_rules() if rule.rule.startswith("/dashboard")]
+    return sorted(rules, key=lambda rule: (bool(DESTRUCTIVE.search(rule.endpoint)), rule.rule))
+
+
+def dashboard_query_names(app) -> list[str]:
+    """Every query parameter the dashboard reads or links with: its forms' inputs, its links'
+    `url_for` arguments, and what its views read from `request.args` (a new filter is found)."""
+    names = set(form_fields())
+    for template in TEMPLATES.rglob("*.html"):
+        for call in _URL_FOR_CALL.findall(template.read_text()):
+            names.update(_KEYWORD.findall(call))
+    for module in DASHBOARD_CODE.glob("*.py"):
+        names.update(_ARGS_READ.findall(module.read_text()))
+    path_arguments = {name for rule in app.url_map.iter_rules() for name in rule.arguments}
+    return sorted(names - path_arguments - {"viewport", "csrf_token"})
+
+
+def encoded(value: str) -> str:
+    """`value` as a hostile client writes it in a URL: every byte escaped, a lone surrogate as
+    the bytes UTF-8 would give it."""
+    return quote(value.encode("utf-8", "surrogatepass"), safe="")
+
+
+@pytest.fixture
+def dashboard_world(client, brand, write_key) -> dict:
+    """Real records for every path argument of the dashboard, and a signed-in browser."""
+    headers = {"X-Api-Key": write_key}
+    base = f"{API_PREFIX}/brand/{brand}"
+    endpoint = client.post(
+        f"{base}/webhook/register-endpoint",
+        json={"url": "https://hooks.brand-example.invalid/x", "events": ["webhook.test"]},
+        headers=headers,
+    ).get_json()["data"]
+    delivery_id = client.post(
+        f"{base}/webhook/{endpoint['id']}/send-test", headers=headers
+    ).get_json()["data"]["deliveryId"]
+    event_id = client.get(f"{base}/webhook/deliveries/{delivery_id}", headers=headers).get_json()[
+        "data"
+    ]["eventId"]
+    conversion = client.post(
+        f"{base}/conversion/record-postback",
+        json={"eventType": "purchase", "linkCode": "CODE-1"},
+        headers=headers | {"Idempotency-Key": "dashboard-corpus-0001"},
+    ).get_json()["data"]
+    victim = client.post(
+        f"{base}/api-key/rotate-key", json={"name": "victim"}, headers=headers
+    ).get_json()["data"]
+    return {
+        "endpoint_id": endpoint["id"],
+        "delivery_id": delivery_id,
+        "event_id": event_id,
+        "conversion_id": conversion["conversionId"],
+        "key_id": victim["id"],
+        "token": sign_in(client, write_key),
+    }
+
+
+def _dashboard_request(client, rule, path: str, token: str, **options):
+    method = "GET" if "GET" in rule.methods else "POST"
+    headers = {} if method == "GET" else {"X-CSRF-Token": token}
+    return client.open(path, method=method, headers=headers, **options)
+
+
+def test_no_dashboard_route_answers_500_whatever_its_path_segments_hold(
+    app, client, dashboard_world
+):
+    token = dashboard_world["token"]
+    hostile = NUL_VALUES | UNSTORABLE_STRINGS | ODD_STRINGS
+    answers: list[Answer] = []
+    for rule in dashboard_rules(app):
+        for argument in sorted(rule.arguments):
+            for label, text in hostile.items():
+                for value in {text, dashboard_world[argument] + text} - {dashboard_world[argument]}:
+                    path = _PATH_ARGUMENT.sub(
+                        lambda m, a=argument, v=value: (
+                            encoded(v) if m[1] == a else dashboard_world[m[1]]
+                        ),
+                        rule.rule,
+                    )
+                    response = _dashboard_request(client, rule, path, token)
+                    answers.append(
+                        Answer(f"{rule.rule} [{argument}: {label}]", response.status_code, "")
+                    )
+
+    assert len(answers) > 500
+    server_errors = [a.label for a in answers if a.status >= 500]
+    assert server_errors == [], server_errors
+
+
+def test_no_dashboard_page_answers_500_whatever_its_query_holds(app, client, dashboard_world):
+    token = dashboard_world["token"]
+    names = dashboard_query_names(app)
+    assert {"linkCode", "code", "eventType", "endpointId", "eventId", "q", "page"} <= set(names)
+    answers: list[Answer] = []
+    for rule in dashboard_rules(app):
+        if "GET" not in rule.methods:
+            continue
+        path = _PATH_ARGUMENT.sub(lambda m: dashboard_world[m[1]], rule.rule)
+        for name in names:  # one parameter at a time: a refused one must not hide the next
+            response = _dashboard_request(client, rule, f"{path}?{name}=a%00b", token)
+            answers.append(Answer(f"{path}?{name} [nul inside]", response.status_code, ""))
+        for label, value in (NUL_VALUES | UNSTORABLE_STRINGS | ODD_STRINGS).items():
+            query = "&".join(f"{name}={encoded(value)}" for name in names)
+            response = _dashboard_request(client, rule, f"{path}?{query}", token)
+            answers.append(Answer(f"{path}?(every parameter) [{label}]", response.status_code, ""))
+
+    server_errors = [a.label for a in answers if a.status >= 500]
+    assert server_errors == [], server_errors
+    assert len(answers) > 1000
+
+
+def test_no_dashboard_form_answers_500_whatever_one_field_holds(app, client, dashboard_world):
+    token = dashboard_world["token"]
+    names = form_fields()
+    answers: list[Answer] = []
+    for rule in dashboard_rules(app):
+        if "POST" not in rule.methods:
+            continue
+        path = _PATH_ARGUMENT.sub(lambda m: dashboard_world[m[1]], rule.rule)
+        for name in names:  # one field at a time: a refused one must not hide the next
+            response = client.post(path, data={name: "a\x00b", "csrf_token": token})
+            answers.append(Answer(f"POST {path} {name} [nul inside]", response.status_code, ""))
+        for label, value in NUL_VALUES.items():
+            data = {name: value for name in names} | {"csrf_token": token}
+            response = client.post(path, data=data)
+            answers.append(Answer(f"POST {path} (every field) [{label}]", response.status_code, ""))
+
+    server_errors = [a.label for a in answers if a.status >= 500]
+    assert server_errors == [], server_errors
+    assert len(answers) > 500
+
+
+# --- bodies that are not JSON, and what gunicorn refuses itself -----------------------------------
+
+NOT_JSON_BODIES = {
+    "form": ("name=x&scopes=read", "application/x-www-form-urlencoded"),
+    "text": ('{"name": "x"}', "text/plain"),
+    "multipart": (GENERIC_BODIES["multipart"][0], "multipart/form-data; boundary=b"),
+    "XML": ("<name>x</name>", "application/xml"),
+    "no content type": ('{"name": "x"}', None),
+    "JSON as a text type": ('{"name": "x"}', "text/json"),
+}
+
+
+def body_reading_routes(app) -> list[tuple[str, str]]:
+    """(method, rule) of every API operation that declares a body, from the route table."""
+    routes = []
+    for rule in app.url_map.iter_rules():
+        operation = getattr(app.view_functions[rule.endpoint], "operation", None)
+        if operation is not None and operation.body is not None:
+            routes.append((sorted(rule.methods & {"POST", "PUT", "PATCH", "DELETE"})[0], rule))
+    return routes
+
+
+def test_a_body_not_declared_json_is_a_415_on_every_route_that_reads_one(
+    app, client, brand, write_key, make_bootstrap_token
+):
+    world = {
+        "brand_id": brand,
+        "endpoint_id": assert_success(
+            client.post(
+                f"{API_PREFIX}/brand/{brand}/webhook/register-endpoint",
+                json={"url": "https://hooks.brand-example.invalid/x"},
+                headers={"X-Api-Key": write_key},
+            ),
+            201,
+        )["id"],
+    }
+    token = make_bootstrap_token(brand)
+    routes = body_reading_routes(app)
+    assert len(routes) >= 7
+    for method, rule in routes:
+        path = fill(rule, world)
+        credential = (
+            {"X-Service-Bootstrap-Token": token}
+            if path.endswith("/create-key")
+            else {"X-Api-Key": write_key}
+        )
+        for label, (body, content_type) in NOT_JSON_BODIES.items():
+            headers = credential | {"Idempotency-Key": "not-json-00000001"}
+            if content_type is not None:
+                headers["Content-Type"] = content_type
+            response = client.open(path, method=method, data=body, headers=headers)
+            body_seen = assert_error(response, 415, "UNSUPPORTED_MEDIA_TYPE")
+            assert "Content-Type: application/json" in body_seen["message"], (path, label)
+    # A refused body kept nothing, not even its Idempotency-Key: the JSON retry is a new postback.
+    retried = client.post(
+        f"{API_PREFIX}/brand/{brand}/conversion/record-postback",
+        json={"eventType": "purchase"},
+        headers={"X-Api-Key": write_key, "Idempotency-Key": "not-json-00000001"},
+    )
+    assert assert_success(retried, 201)["replay"] is False
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        "application/json",
+        "application/json; charset=utf-8",
+        "Application/JSON; charset=UTF-8",
+        "application/merge-patch+json",
+        "application/vnd.brand+json; charset=utf-8",
+    ],
+)
+def test_json_and_every_json_type_with_any_charset_are_read(client, brand, write_key, content_type):
+    response = client.post(
+        f"{API_PREFIX}/brand/{brand}/api-key/rotate-key",
+        data='{"name": "orders-service"}',
+        headers={"X-Api-Key": write_key, "Content-Type": content_type},
+    )
+    assert assert_success(response, 201)["name"] == "orders-service"
+
+
+def test_a_route_with_an_optional_body_needs_no_content_type_without_one(client, brand, write_key):
+    endpoint = assert_success(
+        client.post(
+            f"{API_PREFIX}/brand/{brand}/webhook/register-endpoint",
+            json={"url": "https://hooks.brand-example.invalid/x"},
+            headers={"X-Api-Key": write_key},
+        ),
+        201,
+    )
+    rotated = client.post(
+        f"{API_PREFIX}/brand/{brand}/webhook/{endpoint['id']}/rotate-secret",
+        headers={"X-Api-Key": write_key},
+    )
+    assert assert_success(rotated)["id"] == endpoint["id"]
+    # A route that reads no body ignores one, whatever its type.
+    test_ping = client.post(
+        f"{API_PREFIX}/brand/{brand}/webhook/{endpoint['id']}/send-test",
+        data="ping",
+        headers={"X-Api-Key": write_key, "Content-Type": "text/plain"},
+    )
+    assert_success(test_ping, 202)
+
+
+def raw_exchange(server, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    """`request`'s bytes as they are, on a connection of their own; the answer's status,
+    headers (lower-cased names) and body, read until the server closes."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as connection:
+        connection.sendall(request)
+        received = []
+        while chunk := connection.recv(65536):
+            received.append(chunk)
+    head, _, body = b"".join(received).partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = {name.lower(): value.strip() for name, _, value in (h.partition(":") for h in lines)}
+    return int(status_line.split()[1]), headers, body
+
+
+GUNICORN_REFUSALS = {
+    "a request line over 4094 bytes": (
+        b"GET /api/v1/" + b"a" * 5000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+        414,
+    ),
+    "101 headers": (
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
+        + b"".join(b"X-Pad-%d: x\r\n" % n for n in range(101))
+        + b"\r\n",
+        431,
+    ),
+    "a header over 8190 bytes": (
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Api-Key: svc_live_" + b"k" * 8200 + b"\r\n\r\n",
+        431,
+    ),
+    "a header name with a space": (b"GET /healthz HTTP/1.1\r\nBad Header: x\r\n\r\n", 400),
+    "a header without a colon": (b"GET /healthz HTTP/1.1\r\nHost x\r\n\r\n", 400),
+    "a malformed request line": (b"<script>alert(1)</script>\r\n\r\n", 400),
+    "an unknown HTTP version": (b"GET /healthz HTTP/7.1\r\nHost: x\r\n\r\n", 400),
+}
+
+
+@pytest.mark.parametrize("label", GUNICORN_REFUSALS)
+def test_gunicorns_own_refusals_are_the_envelope(server, label):
+    request, status = GUNICORN_REFUSALS[label]
+    answered, headers, body = raw_exchange(server, request)
+    assert answered == status, (label, body[:200])
+    assert headers["content-type"] == "application/json"
+    assert headers["x-content-type-options"] == "nosniff"
+    envelope = json.loads(body)
+    assert envelope == {
+        "status": False,
+        "statusCode": status,
+        "message": envelope["message"],
+        "errorCode": "VALIDATION_ERROR",
+        "requestId": headers["x-request-id"],
+    }
+    assert envelope["requestId"].startswith("req_")
+    assert "script" not in envelope["message"] and "svc_live" not in envelope["message"]
+    assert "Traceback" not in server.output()
+
+
+def test_a_malformed_chunked_body_is_a_400_not_a_500(server, world):
+    """gunicorn finds a malformed chunk only as the app reads the body: the app says 400."""
+    path = f"{API_PREFIX}/brand/{world['brand_id']}/api-key/rotate-key"
+    request = (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nX-Api-Key: {world['write_key']}\r\n"
+        "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"
+    ).encode()
+    status, _headers, body = raw_exchange(server, request)
+    assert status == 400, body[:300]
+    assert "Traceback" not in server.output()

@@ -56,4 +56,49 @@ def test_a_request_setting_its_slot_aside_lets_another_take_it():
     slots.give_back()
     slots.give_back()  # giving back twice frees one slot once
     slots.take()
-    assert not slots._free.acquire(blocking=False)
+    assert not _taken_within(slots, 0.2)  # the one slot is held again
+
+
+def _taken_within(slots: WorkSlots, seconds: float) -> bool:
+    taken = threading.Event()
+
+    def take() -> None:
+        slots.take()
+        taken.set()
+
+    threading.Thread(target=take, daemon=True).start()
+    return taken.wait(seconds)
+
+
+def test_a_brands_burst_queues_in_its_own_lane_and_another_brand_goes_next():
+    """One brand's 20 queued requests (a flood of refused long-polls) and then one call of
+    another brand: the other brand's call runs as soon as a slot frees, not after the 20."""
+    slots = WorkSlots(1)
+    slots.take()
+    order: list[str] = []
+    lock = threading.Lock()
+
+    def request(lane: str, name: str) -> None:
+        slots.take(lane)
+        with lock:
+            order.append(name)
+        slots.give_back()
+
+    threads = []
+
+    def queue(lane: str, name: str) -> None:
+        threads.append(threading.Thread(target=request, args=(lane, name)))
+        threads[-1].start()
+        while slots.waiting() < len(threads):  # queued, in this order
+            time.sleep(0.005)
+
+    for number in range(20):
+        queue("brd_flood", f"flood {number}")
+    queue("brd_neighbour", "neighbour")
+    slots.give_back()
+    for thread in threads:
+        thread.join(5)
+    assert len(order) == 21
+    assert order.index("neighbour") == 1  # after the flood's oldest, before its 19 others
+    # Within a lane, first come first served.
+    assert [name for name in order if name != "neighbour"] == [f"flood {n}" for n in range(20)]

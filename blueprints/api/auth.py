@@ -20,7 +20,13 @@ from services.authentication import (
     authorize,
 )
 from services.errors import RateLimited, Unauthorized
-from services.rate_limits import API, POSTBACK, SIGN_IN_FAILURES, RateLimiter
+from services.rate_limits import (
+    API,
+    POSTBACK,
+    SIGN_IN_FAILURES,
+    SIGN_IN_FAILURES_GLOBAL,
+    RateLimiter,
+)
 
 API_KEY_HEADER = "X-Api-Key"
 BOOTSTRAP_TOKEN_HEADER = "X-Service-Bootstrap-Token"  # noqa: S105 - a header name
@@ -91,6 +97,7 @@ def rate_limiter() -> RateLimiter | None:
                 API: settings.rate_limit_per_key,
                 POSTBACK: settings.postback_rate_limit_per_key,
                 SIGN_IN_FAILURES: settings.sign_in_failures_per_address,
+                SIGN_IN_FAILURES_GLOBAL: settings.sign_in_failures_global,
             },
         )
         app.extensions["rate_limiter"] = limiter

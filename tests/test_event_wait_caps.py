@@ -1,0 +1,245 @@
+"""Long-polls are capped (issue 36): a waiting `fetch-events?wait=N` holds a gunicorn thread, so
+one API key, and all keys together, may hold only so many per server process, and a request
+past a cap is answered at once with 429 `RATE_LIMITED` and `Retry-After` instead of queueing
+in front of everyone else. Against a real gunicorn (one worker, gunicorn.conf.py's threads
+unless a test says otherwise)."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import pytest
+import requests
+
+from config import DEFAULT_EVENT_WAITS_PER_KEY, DEFAULT_EVENT_WAITS_PER_PROCESS
+from extensions import db
+from services.events import publish_event
+from tests.server_process import ServerProcess
+
+WAIT = 30
+# Well under WAIT: an answer within it was not held for the wait.
+AT_ONCE = 15
+
+
+@pytest.fixture(scope="module")
+def capped(app, app_environ) -> Iterator[ServerProcess]:
+    """Small caps, to reach them with a few requests."""
+    process = ServerProcess(
+        app_environ,
+        workers=1,
+        threads=None,
+        worker_class=None,
+        EVENT_WAITS_PER_KEY="3",
+        EVENT_WAITS_PER_PROCESS="5",
+    )
+    yield process
+    process.stop()
+
+
+@dataclass
+class Answer:
+    status: int
+    body: dict
+    headers: requests.structures.CaseInsensitiveDict
+    at: float
+
+
+class Client:
+    """One API key of a brand, calling the real server."""
+
+    def __init__(self, server: ServerProcess, brand_id: str, key: str) -> None:
+        self.base = f"{server.url}/api/v1/brand/{brand_id}"
+        self.headers = {"X-Api-Key": key}
+
+    def wait(self, after: str, timeout: float = WAIT + 15) -> Answer:
+        response = requests.get(
+            f"{self.base}/event/fetch-events",
+            params={"after": after, "wait": WAIT},
+            headers=self.headers,
+            timeout=timeout,
+        )
+        return Answer(response.status_code, response.json(), response.headers, time.monotonic())
+
+    def fetch_keys(self) -> Answer:
+        response = requests.get(
+            f"{self.base}/api-key/fetch-keys", headers=self.headers, timeout=AT_ONCE
+        )
+        return Answer(response.status_code, response.json(), response.headers, time.monotonic())
+
+
+class Waits:
+    """Long-polls sent at once from background threads, their answers as they come."""
+
+    def __init__(self, calls: list[tuple[Client, str]]) -> None:
+        self.answers: list[Answer] = []
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=len(calls))
+        self._futures = [self._pool.submit(self._wait, client, after) for client, after in calls]
+
+    def _wait(self, client: Client, after: str) -> Answer:
+        answer = client.wait(after)
+        with self._lock:
+            self.answers.append(answer)
+        return answer
+
+    def answered(self) -> list[Answer]:
+        with self._lock:
+            return list(self.answers)
+
+    def until_answered(self, count: int, within: float = AT_ONCE) -> list[Answer]:
+        """The first `count` answers, once they are in (fewer if `within` seconds pass)."""
+        deadline = time.monotonic() + within
+        while len(self.answered()) < count and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # and no more come meanwhile
+        return self.answered()
+
+    def all(self) -> list[Answer]:
+        answers = [future.result() for future in self._futures]
+        self._pool.shutdown()
+        return answers
+
+
+def waiting_on(server: ServerProcess, count: int) -> None:
+    """Once the (one-worker) server holds `count` waits, by its metrics: requests sent from
+    threads reach it in their own time on a busy machine."""
+    deadline = time.monotonic() + AT_ONCE
+    while True:
+        text = requests.get(f"{server.url}/metrics", timeout=10).text
+        held = float(re.search(r"^brand_api_event_waits (\S+)$", text, re.MULTILINE)[1])
+        if held == count or time.monotonic() > deadline:
+            assert held == count
+            return
+        time.sleep(0.05)
+
+
+def publish(app, brand_id: str) -> str:
+    with app.app_context():
+        published = publish_event(brand_id=brand_id, name="deal.completed", data={"n": 1})
+        db.session.commit()
+        return published.event.id
+
+
+def assert_refused_at_once(answer: Answer, started: float, message: str) -> None:
+    assert answer.status == 429, answer.body
+    assert answer.body["status"] is False
+    assert answer.body["statusCode"] == 429
+    assert answer.body["errorCode"] == "RATE_LIMITED"
+    assert message in answer.body["message"]
+    assert answer.body["requestId"] == answer.headers["X-Request-Id"]
+    # The caller comes back no sooner than its wait would have ended, and callers refused
+    # together come back spread over as long again.
+    assert WAIT <= int(answer.headers["Retry-After"]) <= 2 * WAIT
+    assert "RateLimit-Remaining" in answer.headers
+    assert answer.at - started < AT_ONCE
+
+
+def test_a_key_past_its_wait_cap_is_refused_at_once_and_its_other_waits_are_woken(
+    app, capped, brand, make_key
+):
+    key, other = Client(capped, brand, make_key(brand)), Client(capped, brand, make_key(brand))
+    after = publish(app, brand)
+    held = Waits([(key, after)] * 3 + [(other, after)])
+    waiting_on(capped, 4)  # all four wait: under both caps
+
+    started = time.monotonic()
+    refused = key.wait(after)
+    assert_refused_at_once(refused, started, "This API key already has 3 long-polls waiting")
+
+    event_id = publish(app, brand)
+    for answer in held.all():
+        assert answer.status == 200, answer.body
+        assert [event["id"] for event in answer.body["data"]["events"]] == [event_id]
+
+    # Its waits answered, the key may wait again.
+    again = Waits([(key, event_id)])
+    waiting_on(capped, 1)
+    publish(app, brand)
+    assert again.all()[0].status == 200
+
+
+def test_a_process_past_its_wait_cap_refuses_every_key_at_once_and_wakes_its_waits(
+    app, capped, brand, make_key
+):
+    first, second, third = (Client(capped, brand, make_key(brand)) for _ in range(3))
+    older = publish(app, brand)
+    after = publish(app, brand)
+    held = Waits([(first, after)] * 3 + [(second, after)] * 2)
+    waiting_on(capped, 5)  # the process's cap
+
+    started = time.monotonic()
+    refused = third.wait(after)
+    assert_refused_at_once(refused, started, "as many long-polls waiting as it may")
+    # A wait with something to read is answered as ever: only waiting is refused.
+    readable = third.wait(older)
+    assert readable.status == 200
+    assert [event["id"] for event in readable.body["data"]["events"]] == [after]
+
+    event_id = publish(app, brand)
+    for answer in held.all():
+        assert answer.status == 200, answer.body
+        assert [event["id"] for event in answer.body["data"]["events"]] == [event_id]
+
+
+def test_with_the_default_caps_waits_never_take_the_threads_normal_calls_need(
+    app, app_environ, brand, make_key
+):
+    """More long-polls than the worker has threads (gunicorn.conf.py's 256), from keys each
+    asking for one more than its cap: the worker keeps threads for everyone else's calls."""
+    keys_count = DEFAULT_EVENT_WAITS_PER_PROCESS // DEFAULT_EVENT_WAITS_PER_KEY + 15
+    per_key = DEFAULT_EVENT_WAITS_PER_KEY + 1
+    assert keys_count * per_key > 256
+    server = ServerProcess(app_environ, workers=1, threads=None, worker_class=None)
+    try:
+        clients = [Client(server, brand, make_key(brand)) for _ in range(keys_count)]
+        after = publish(app, brand)
+        waits = Waits([(client, after) for client in clients for _ in range(per_key)])
+        total = keys_count * per_key
+        # Every answer before the publish is a refusal: an admitted wait ends only with it.
+        refused = waits.until_answered(total - DEFAULT_EVENT_WAITS_PER_PROCESS, within=WAIT - 5)
+        assert len(refused) == total - DEFAULT_EVENT_WAITS_PER_PROCESS
+        waiting_on(server, DEFAULT_EVENT_WAITS_PER_PROCESS)
+        assert {answer.status for answer in refused} == {429}
+
+        # A key that was refused, and every other, still gets its normal calls answered while
+        # the process holds as many waits as it may.
+        for client in (clients[0], clients[-1]):
+            listed = client.fetch_keys()
+            assert listed.status == 200, listed.body
+        assert len(waits.answered()) == len(refused)  # the admitted ones still wait
+
+        event_id = publish(app, brand)
+        woken = [answer for answer in waits.all() if answer.status == 200]
+        assert len(woken) == DEFAULT_EVENT_WAITS_PER_PROCESS
+        assert {answer.body["data"]["events"][0]["id"] for answer in woken} == {event_id}
+    finally:
+        server.stop()
+
+
+def test_a_worker_with_few_threads_lets_waits_take_at_most_half_of_them(
+    app, app_environ, brand, make_key
+):
+    """Whatever EVENT_WAITS_PER_PROCESS says, a gthread worker started with fewer threads than
+    gunicorn.conf.py's keeps half of them for normal calls."""
+    server = ServerProcess(app_environ, workers=1, threads=8)
+    try:
+        clients = [Client(server, brand, make_key(brand)) for _ in range(4)]
+        after = publish(app, brand)
+        waits = Waits([(client, after) for client in clients for _ in range(2)])
+        refused = waits.until_answered(4, within=WAIT - 5)
+        assert [answer.status for answer in refused] == [429] * 4
+        waiting_on(server, 4)
+        assert "as many long-polls waiting as it may (4)" in refused[0].body["message"]
+        assert clients[0].fetch_keys().status == 200
+        assert len(waits.answered()) == 4
+
+        event_id = publish(app, brand)
+        woken = [answer for answer in waits.all() if answer.status == 200]
+        assert [answer.body["data"]["events"][0]["id"] for answer in woken] == [event_id] * 4
+    finally:
+        server.stop()
