@@ -12,11 +12,13 @@
     showToast.timer = setTimeout(function () { toast.hidden = true; }, 8000);
   }
 
-  // Copy buttons: data-copy holds the text. The label confirms, then returns.
+  // Copy buttons: data-copy holds the text, or data-copy-from names the element whose text it
+  // is (a long command shown on the page anyway). The label confirms, then returns.
   document.addEventListener("click", function (event) {
-    var button = event.target.closest("[data-copy]");
+    var button = event.target.closest("[data-copy], [data-copy-from]");
     if (!button) return;
-    var text = button.getAttribute("data-copy");
+    var source = button.getAttribute("data-copy-from");
+    var text = source ? document.getElementById(source).textContent : button.getAttribute("data-copy");
     var done = function () {
       var label = button.textContent;
       button.textContent = "Copied";
@@ -96,10 +98,10 @@
   });
 
   // Checkbox groups (an endpoint's events): [data-check=all|none] buttons tick or clear the
-  // boxes of their [data-check-group]. They are rendered hidden, shown here, so a page without
-  // this script offers no button that does nothing.
+  // boxes of their [data-check-group]. They, and the [data-copy-from] buttons, are rendered
+  // hidden, shown here, so a page without this script offers no button that does nothing.
   document.addEventListener("htmx:load", function (event) {
-    event.detail.elt.querySelectorAll("[data-check]").forEach(function (button) {
+    event.detail.elt.querySelectorAll("[data-check], [data-copy-from]").forEach(function (button) {
       button.hidden = false;
     });
   });

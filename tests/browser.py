@@ -151,6 +151,14 @@ def sign_in_with_key(page, secret: str) -> None:
     expect(page.get_by_role("navigation", name="Dashboard")).to_be_visible()
 
 
+def open_fold(page, title: str) -> None:
+    """Open the folded section (<details>) of the page whose title is `title`, as a person
+    clicks it; one already open stays open."""
+    fold = page.locator("details").filter(has=page.locator("summary", has_text=title))
+    if not fold.evaluate("(details) => details.open"):
+        fold.locator("summary").click()
+
+
 def screenshot_folder() -> Path | None:
     """The folder BRAND_SCREENSHOTS names (created), or None: CI takes none, so it leaves the
     committed screenshots alone."""

@@ -6,6 +6,9 @@ from __future__ import annotations
 import re
 
 _CSRF = re.compile(r'"X-CSRF-Token": "([^"]+)"')
+# A signing secret on a page: `whsec_` + base64 (CONTRACT 12.1: `+`, `/` and a final `=` too), or
+# base62 for one issued before.
+SIGNING_SECRET = re.compile(r"whsec_[A-Za-z0-9+/]{20,}={0,2}")
 
 
 def csrf_token(client, path: str = "/dashboard/sign-in") -> str:

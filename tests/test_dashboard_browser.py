@@ -29,9 +29,11 @@ from tests.browser import (
     PHONE,
     Problems,
     open_context,
+    open_fold,
     screenshot_folder,
     sign_in_with_key,
 )
+from tests.dashboard import SIGNING_SECRET
 from tests.receiver import Receiver, Reply
 from tests.server_process import ServerProcess
 from tests.worker_process import WorkerProcess
@@ -42,7 +44,6 @@ except ImportError:  # require_browser() says why the tests cannot run, or fails
     expect = None
 
 API_KEY = re.compile(r"svc_live_[0-9A-Za-z]{20,}")
-SIGNING_SECRET = re.compile(r"whsec_[0-9A-Za-z]{20,}")
 SIGN_IN_URL = re.compile(r"/dashboard/sign-in(\?.*)?$")
 # Long enough for the worker to pick a delivery up and the page's polling to show it.
 SETTLE_MS = 20_000
@@ -201,7 +202,9 @@ def register_endpoint_and_watch_a_test_ping(live: Live, page, receiver: Receiver
     verify = page.locator("section").filter(
         has=page.get_by_role("heading", name="Verify signatures")
     )
-    # The tab row appears once the page's script runs; then one panel shows at a time.
+    # Folded until opened. The tab row appears once the page's script runs; then one panel
+    # shows at a time.
+    open_fold(page, "Verify signatures")
     expect(verify.get_by_role("tab", name="Python", exact=True)).to_be_visible()
     expect(verify.get_by_role("tabpanel")).to_contain_text("WEBHOOK_SECRET")
     verify.get_by_role("tab", name="Standard Webhooks (Python)").click()
@@ -369,15 +372,13 @@ def test_every_main_page_shows_the_demo_workspace(browser, live, context, app, r
     expect(page.get_by_label("Status")).to_have_value("failed")
     expect(rows.first).to_have_attribute("data-status", "failed")
 
-    # The healthy endpoint's page, with its verification snippets.
+    # The healthy endpoint's page as it opens: its state, health and latest failures, the rest
+    # (the verification snippets among it) folded under titles.
     nav.get_by_role("link", name="Webhook endpoints").click()
     page.get_by_role("link", name=receiver.url).click()
-    verify = page.get_by_role("heading", name="Verify signatures")
-    expect(verify).to_be_visible()
-    # From the top down to the end of the verification snippets (the forms below are long).
-    verify_box = page.locator("section").filter(has=verify).bounding_box()
-    bottom = verify_box["y"] + verify_box["height"] + 24 + page.evaluate("window.scrollY")
-    shoot(page, "endpoint", full_page=True, clip={"x": 0, "y": 0, "width": 1280, "height": bottom})
+    expect(page.get_by_role("heading", name="Health, last 24 hours")).to_be_visible()
+    expect(page.get_by_role("heading", name="Verify signatures")).to_be_visible()
+    shoot(page, "endpoint", full_page=True)
 
     # A delivery that failed once and then arrived: both attempts, and what was sent.
     page.goto(f"/dashboard/deliveries/{demo.retried_delivery_id}")

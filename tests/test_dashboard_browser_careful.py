@@ -16,13 +16,15 @@ import requests
 from sqlalchemy import func, select, update
 
 from extensions import db
-from models import WebhookAttempt, WebhookDelivery
+from models import QueuedDelivery, WebhookAttempt, WebhookDelivery
 from models.columns import utcnow
 from services.endpoint_urls import UrlPolicy
 from services.events import publish_event
 from services.postbacks import Postback, record_postback
 from services.webhook_endpoints import register_endpoint
-from tests.browser import PHONE, open_context, sign_in_with_key
+from tests.browser import PHONE, open_context, open_fold, sign_in_with_key
+from tests.dashboard import SIGNING_SECRET
+from tests.test_platform_changes import Platform
 
 try:
     from playwright.sync_api import expect
@@ -30,7 +32,6 @@ except ImportError:  # require_browser() says why the tests cannot run, or fails
     expect = None
 
 API_KEY = re.compile(r"svc_live_[0-9A-Za-z]{20,}")
-SIGNING_SECRET = re.compile(r"whsec_[0-9A-Za-z]{20,}")
 LOCAL = UrlPolicy(https_only=False, allow_local=True)
 DOWN_URL = "http://127.0.0.1:9/orders/webhooks"
 
@@ -137,11 +138,13 @@ def test_without_javascript_an_endpoint_is_registered_tested_and_deleted_careful
     page.reload()
     assert deliveries_of(app, endpoint_id) == 1
 
+    open_fold(page, "Signing secret")
     page.get_by_role("button", name="Rotate secret").click()
     expect(page.get_by_role("heading", name="Rotate the signing secret?")).to_be_visible()
     page.get_by_role("link", name="Cancel").click()
     expect(page.get_by_role("heading", name=DOWN_URL)).to_be_visible()
 
+    open_fold(page, "Delete endpoint")
     page.get_by_role("button", name="Delete endpoint").click()
     expect(page.get_by_role("heading", name="Delete this endpoint?")).to_be_visible()
     page.get_by_role("button", name="Delete endpoint").click()
@@ -321,6 +324,7 @@ def test_on_a_phone_nothing_scrolls_sideways_and_a_deliverys_status_is_in_sight(
 
         # Event names are one token: `webhook.test` never breaks inside.
         page.goto(endpoint_page)
+        open_fold(page, "Events and settings")
         names = page.locator("code.event-name")
         assert names.count() >= 2
         for name in names.all():
@@ -329,3 +333,57 @@ def test_on_a_phone_nothing_scrolls_sideways_and_a_deliverys_status_is_in_sight(
     finally:
         context.close()
     problems.assert_none()
+
+
+# --- issue 37: an endpoint's ordering, campaigns and "retry now", in a browser -----------------
+
+
+def test_an_endpoint_is_ordered_filtered_and_its_waiting_retries_sent_now(
+    app, with_js, brand, write_key
+):
+    platform = Platform(app, brand)
+    kept, _other = platform.campaign(), platform.campaign()
+    later = utcnow() + timedelta(hours=1)
+    with app.app_context():
+        endpoint = register_endpoint(
+            brand_id=brand, url=DOWN_URL, events=["deal.completed"], policy=LOCAL
+        )
+        endpoint_id = endpoint.id
+        [delivery_id] = publish_event(
+            brand_id=brand, name="deal.completed", data={"id": "deal_1"}
+        ).delivery_ids
+        db.session.execute(  # its first attempt failed; the retry is an hour away
+            update(QueuedDelivery)
+            .where(QueuedDelivery.delivery_id == delivery_id)
+            .values(attempt_count=1, next_attempt_at=later)
+        )
+        db.session.execute(
+            update(WebhookDelivery)
+            .where(WebhookDelivery.id == delivery_id)
+            .values(attempt_count=1, next_attempt_at=later, last_error="Connection refused")
+        )
+        db.session.commit()
+        db.session.remove()
+    page = with_js.new_page()
+    sign_in_with_key(page, write_key)
+    page.goto(f"/dashboard/endpoints/{endpoint_id}")
+
+    retry = page.get_by_role("button", name="Retry the 1 waiting delivery now")
+    expect(retry).to_be_visible()
+    retry.click()
+    expect(page.get_by_text("1 waiting delivery is due now")).to_be_visible()
+    expect(page.get_by_role("button", name=re.compile(r"^Retry the"))).to_have_count(0)
+    with app.app_context():
+        due = db.session.get(QueuedDelivery, delivery_id).next_attempt_at
+        db.session.remove()
+    assert due <= utcnow()
+
+    open_fold(page, "Events and settings")
+    edit = page.locator("#endpoint-edit-panel")
+    edit.get_by_label("Order of deliveries").select_option("subject")
+    edit.locator(f'input[name="campaignIds"][value="{kept}"]').check()
+    edit.get_by_role("button", name="Save changes").click()
+    settings = page.locator("#endpoint-settings")
+    expect(settings).to_contain_text("one after another per subject")
+    expect(settings).to_contain_text(kept)
+    expect(edit.locator(f'input[name="campaignIds"][value="{kept}"]')).to_be_checked()

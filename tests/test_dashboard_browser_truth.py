@@ -33,7 +33,7 @@ from services.endpoint_urls import UrlPolicy
 from services.events import publish_event
 from services.postbacks import Postback, record_postback
 from services.webhook_endpoints import register_endpoint
-from tests.browser import LAPTOP, PHONE, open_context, sign_in_with_key
+from tests.browser import LAPTOP, PHONE, open_context, open_fold, sign_in_with_key
 from tests.worker_process import WorkerProcess
 
 try:
@@ -276,6 +276,8 @@ def test_every_page_fits_its_width_cuts_no_text_and_breaks_urls_at_sensible_poin
     for path in pages:
         page.goto(path)
         page.wait_for_load_state()
+        # What a folded section holds must fit too, at the width it is shown at: opened.
+        page.evaluate("document.querySelectorAll('main details').forEach((d) => (d.open = true))")
         problems = page.evaluate(_LAYOUT_PROBLEMS) + page.evaluate(_BAD_BREAKS)
         if problems:
             found[path] = problems
@@ -310,7 +312,7 @@ def test_disable_and_re_enable_refresh_every_panel_they_change(
     page = open_page(viewport, javascript)
     sign_in_with_key(page, key)
     page.goto(f"/dashboard/endpoints/{endpoint_id}")
-    assert health_deliveries(page) == "0 delivered · 2 pending · 0 failed"
+    assert health_deliveries(page) == "0 waiting · 2 retrying · 0 delivered · 0 failed"
     summary = page.locator("#endpoint-summary")
     expect(summary.locator("dd").filter(has_text=re.compile(r"^4$"))).to_have_count(1)
     if javascript:
@@ -329,7 +331,7 @@ def test_disable_and_re_enable_refresh_every_panel_they_change(
     expect(summary).to_contain_text(by)
     expect(summary).to_contain_text("4 when it was disabled; nothing is attempted while it is")
     expect(summary.get_by_role("button", name="Send test")).to_have_count(0)
-    assert health_deliveries(page) == "0 delivered · 0 pending · 2 failed"
+    assert health_deliveries(page) == "0 waiting · 0 retrying · 0 delivered · 2 failed"
     expect(page.locator("#endpoint-recover")).to_contain_text("Re-enable the endpoint first")
     expect(page.locator("#endpoint-example")).to_contain_text("Re-enable the endpoint first")
     for delivery_id in delivery_ids:
@@ -349,6 +351,8 @@ def test_disable_and_re_enable_refresh_every_panel_they_change(
     page.get_by_role("button", name="Re-enable").click()
     expect(page.get_by_text("Endpoint re-enabled")).to_be_visible()
     expect(summary.locator("dd").filter(has_text=re.compile(r"^0$"))).to_have_count(1)
+    open_fold(page, "Send again what failed")
+    open_fold(page, "Send an example event")
     expect(
         page.locator("#endpoint-recover").get_by_role("button", name="Send again")
     ).to_be_visible()
@@ -359,7 +363,9 @@ def test_disable_and_re_enable_refresh_every_panel_they_change(
     # A test ping: the health figures count it at once (no worker runs here: it stays pending).
     summary.get_by_role("button", name="Send test").click()
     expect(page.get_by_text("Test ping queued as delivery")).to_be_visible()
-    expect(page.locator("#endpoint-health")).to_contain_text("0 delivered · 1 pending · 2 failed")
+    expect(page.locator("#endpoint-health")).to_contain_text(
+        "1 waiting · 0 retrying · 0 delivered · 2 failed"
+    )
     if javascript:
         assert page.evaluate("window.__sameDocument === true"), "the page was reloaded"
 
@@ -443,6 +449,7 @@ def test_an_example_event_reaches_the_receiver_signed_and_logged(
         page = open_page(viewport, javascript)
         sign_in_with_key(page, make_key(app, brand))
         page.goto(f"/dashboard/endpoints/{endpoint_id}")
+        open_fold(page, "Send an example event")
         panel = page.locator("#endpoint-example")
         expect(panel.get_by_label("Event")).to_have_value("conversion.recorded")  # subscribed
         panel.get_by_label("Event").select_option("deal.completed")  # not subscribed

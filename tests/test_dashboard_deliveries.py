@@ -15,7 +15,7 @@ import re
 import time
 from datetime import timedelta
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select, text
 
 from extensions import db
 from models import WebhookDelivery
@@ -86,7 +86,9 @@ def _attempt(
     )
     with app.test_request_context():
         now = utcnow() + timedelta(minutes=minutes)
-        claimed = claim_attempts(slots=100, endpoint_limit=100, token="0000test", now=now)
+        claimed = claim_attempts(
+            slots=100, endpoint_limit=100, token="0000test", lease=policy.lease, now=now
+        )
         attempts = [a for a in claimed.attempts if a.endpoint_id == endpoint_id]
         assert attempts, "nothing due"
         results = []
@@ -99,6 +101,7 @@ def _attempt(
                 timestamp=int(now.timestamp()),
                 raw_body=attempt.body,
                 event_name=attempt.event_name,
+                event_id=attempt.event_id,
                 delivery_id=attempt.delivery_id,
             )
             outcome = AttemptOutcome(
@@ -111,11 +114,19 @@ def _attempt(
             )
             results.append((attempt, outcome))
         assert all(record_attempts(results, policy=policy))
-        # The others were not attempted: due as before, held by nobody.
+        # The others were not attempted: back in the queue as before, held by nobody.
         db.session.execute(
-            update(WebhookDelivery)
-            .where(WebhookDelivery.lease_token == "0000test")
-            .values(lease_token=None, leased_until=None)
+            text(
+                """
+                WITH given_back AS (
+                    DELETE FROM webhook_delivery_leases WHERE token = '0000test' RETURNING *
+                )
+                INSERT INTO webhook_delivery_queue (delivery_id, endpoint_id, next_attempt_at,
+                                                    attempt_count)
+                SELECT delivery_id, endpoint_id, statement_timestamp(), attempt_count
+                FROM given_back
+                """
+            )
         )
         db.session.commit()
 
@@ -183,7 +194,9 @@ def test_the_log_lists_each_delivery_newest_first(app, client, brand, read_key):
     assert "HTTP 503" in retrying  # the last error
     note = retrying.rsplit("HTTP 503", 1)[1]
     assert "1 attempt failed · next retry <time datetime=" in note  # and when it is due
-    assert 'status-pending">pending' in _row(page, third)
+    # Pending with no attempt yet: waiting (the API's status, pending, in its title).
+    waiting = r'class="status status-waiting" title="Status pending[^"]*">waiting<'
+    assert re.search(waiting, _row(page, third))
     assert '<td data-label="Attempts">0</td>' in _row(page, third)  # no attempt yet
 
 
@@ -453,7 +466,7 @@ def test_a_pending_detail_stops_asking_after_five_minutes(app, client, brand, re
     assert f'hx-get="{url}?polls=149"' in asking.lstrip().split(">")[0]
     tired = _text(client.get(f"{url}?polls=149", headers=htmx(token)))
     assert "hx-trigger" not in tired.lstrip().split(">")[0]
-    assert f'Still pending. <a href="/dashboard/deliveries/{pending}" hx-get="{url}"' in tired
+    assert f'Still waiting. <a href="/dashboard/deliveries/{pending}" hx-get="{url}"' in tired
 
 
 def test_a_deleted_endpoints_deliveries_stay_in_the_log(app, client, brand, read_key):

@@ -24,6 +24,7 @@ from sqlalchemy import func, select, update
 
 from extensions import db
 from models import WebhookAttempt, WebhookDelivery, WebhookEndpoint, WebhookEvent
+from models.credentials import SIGNING_SECRET_PREFIX, generate_secret
 from models.event_catalog import sample_data
 from services.events import publish_event
 from services.secret_box import secret_box
@@ -35,9 +36,9 @@ from services.webhook_endpoints import (
     register_endpoint,
 )
 from services.webhook_endpoints import update_endpoint as service_update
-from tests.dashboard import htmx, sign_in
+from tests.dashboard import SIGNING_SECRET, htmx, sign_in
+from tests.delivery_states import settle
 
-SIGNING_SECRET = re.compile(r"whsec_[0-9A-Za-z]{20,}")
 GROUPS = [
     "campaign",
     "deal",
@@ -466,7 +467,7 @@ def test_endpoint_page_shows_its_fields_deliveries_and_links(app, client, brand,
     assert '<code class="event-name">escrow.released</code>' in page
     deliveries = page.split('id="endpoint-deliveries"')[1].split("</table>")[0]
     assert deliveries.count("<tr id=") == 2
-    assert "status-pending" in deliveries
+    assert "status-waiting" in deliveries
     assert "campaign.published" not in deliveries
     assert re.search(r'href="/dashboard/deliveries/whd_[^"]+">Details</a>', deliveries)
     assert f'href="/dashboard/deliveries?endpointId={endpoint_id}"' in page
@@ -844,7 +845,7 @@ def test_send_example_publishes_the_catalogues_sample_to_this_endpoint_alone(
         'id="endpoint-health" aria-labelledby="endpoint-health-title" hx-swap-oob="true"'
         in fragment
     )
-    assert "0 delivered · 1 pending · 0 failed" in fragment
+    assert "1 waiting · 0 retrying · 0 delivered · 0 failed" in fragment
     with app.app_context():
         delivery = db.session.get(WebhookDelivery, delivery_id)
         assert (delivery.endpoint_id, delivery.event_name) == (endpoint_id, "deal.completed")
@@ -911,7 +912,7 @@ def test_the_deliveries_poll_brings_the_health_figures_with_it(app, client, bran
         'id="endpoint-health" aria-labelledby="endpoint-health-title" hx-swap-oob="true"'
         in fragment
     )
-    assert "0 delivered · 1 pending · 0 failed" in fragment
+    assert "1 waiting · 0 retrying · 0 delivered · 0 failed" in fragment
 
 
 # ---- the verification snippets, run for real ----
@@ -928,6 +929,7 @@ def _signed(
         timestamp=int(time.time()) if timestamp is None else timestamp,
         raw_body=body,
         event_name="deal.completed",
+        event_id="evt_snippet",
         delivery_id="whd_snippet_test",
     )
 
@@ -1017,10 +1019,54 @@ def test_receiver_snippets_accept_signed_deliveries_and_refuse_forgeries(
             result = _run_shell_snippet(_snippet(page, "shell"), secret, tmp_path)
             assert result.stdout.strip().endswith("HTTP 200"), result.stdout + result.stderr
     output = log.read_text()
-    # accepted three times: one secret, then either side of a rotation's overlap
-    assert output.count("deal.completed evt_snippet whd_snippet_test") == 3
+    # accepted three times: one secret, then either side of a rotation's overlap; the Standard
+    # Webhooks receiver prints webhook-id, the event id (CONTRACT 12.1), the others both ids
+    accepted = "deal.completed evt_snippet" + (
+        "\n" if language == "standard" else " whd_snippet_test"
+    )
+    assert output.count(accepted) == 3
     if language != "standard":
         assert "webhook.test evt_manual_check whd_manual_check" in output
+
+
+def test_an_endpoint_with_an_older_secret_gets_a_snippet_that_verifies_it(
+    app, client, brand, write_key, tmp_path
+):
+    """An endpoint registered before secrets were base64 (CONTRACT 12.1): its page says so, and
+    its Standard Webhooks snippet gives the library the secret as bytes, which verifies what the
+    service signs with it. Once rotated, the page's snippet is the library's usual call."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/hooks"
+    endpoint_id, new_secret = _register(app, brand, url)
+    token = sign_in(client, write_key)
+    page = _text(client.get(f"/dashboard/endpoints/{endpoint_id}"))
+    assert 'Webhook(os.environ["WEBHOOK_SECRET"])' in _snippet(page, "standard")
+    assert "issued before secrets were base64" not in page
+
+    older = generate_secret(SIGNING_SECRET_PREFIX)  # as register minted them before
+    with app.app_context():
+        db.session.execute(
+            update(WebhookEndpoint)
+            .where(WebhookEndpoint.id == endpoint_id)
+            .values(secret_ciphertext=secret_box().encrypt(older))
+        )
+        db.session.commit()
+    page = _text(client.get(f"/dashboard/endpoints/{endpoint_id}"))
+    assert "signing secret was issued before secrets were base64" in page
+    code = _snippet(page, "standard")
+    assert 'Webhook(os.environ["WEBHOOK_SECRET"].encode())' in code
+    env = {"PATH": os.environ["PATH"], "WEBHOOK_SECRET": older}
+    with _serving(_snippet_command("standard", tmp_path, code), port, env, tmp_path / "log"):
+        _check_receiver(url, older, brand, "webhook-signature")
+
+    response = client.post(f"/dashboard/endpoints/{endpoint_id}/rotate-secret", headers=htmx(token))
+    fragment = _text(response)
+    [rotated] = set(SIGNING_SECRET.findall(fragment))
+    assert rotated != older and rotated != new_secret
+    # The verify panel comes along, out of band: no longer the older secret's call.
+    assert '<div id="endpoint-verify" hx-swap-oob="true">' in fragment
+    assert 'Webhook(os.environ["WEBHOOK_SECRET"])' in _snippet(fragment, "standard")
+    assert "issued before secrets were base64" not in fragment
 
 
 def test_shell_snippet_signs_like_the_service_and_posts_to_the_receiver(
@@ -1088,7 +1134,8 @@ def test_receiver_snippets_accept_a_real_test_ping_from_the_worker(
             )
             time.sleep(0.1)
     assert "webhook.test evt_" in log.read_text()
-    assert delivery_id in log.read_text()
+    if language != "standard":  # that one prints webhook-id, the event id (CONTRACT 12.1)
+        assert delivery_id in log.read_text()
     region = _text(
         client.get(f"/dashboard/endpoints/{endpoint_id}/deliveries", headers=htmx(token))
     )
@@ -1194,11 +1241,7 @@ def test_send_again_what_failed_from_the_endpoint_page(app, client, brand, write
             publish_event(brand_id=brand, name="deal.completed", data={"n": n}).delivery_ids[0]
             for n in range(3)
         ]
-        db.session.execute(
-            update(WebhookDelivery)
-            .where(WebhookDelivery.id.in_(delivery_ids[:2]))
-            .values(status="failed", next_attempt_at=None, last_error="HTTP 503")
-        )
+        settle(delivery_ids[:2], "failed", last_error="HTTP 503")
         db.session.commit()
     sign_in(client, read_key)
     assert 'id="endpoint-recover"' not in _text(client.get(f"/dashboard/endpoints/{endpoint_id}"))

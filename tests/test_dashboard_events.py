@@ -55,7 +55,7 @@ def test_events_are_listed_newest_first_with_their_deliveries(app, client, brand
     assert ROW.findall(page) == ids[::-1]
     assert "3 events" in page
     rows = dict(zip(ROW.findall(page), page.split('<tr id="event-')[1:], strict=True))
-    assert '1 <span class="status status-pending">pending</span>' in rows[ids[0]]
+    assert re.search(r'1 <span class="status status-waiting"[^>]*>waiting</span>', rows[ids[0]])
     assert 'data-deliveries><span class="muted">none</span>' in rows[ids[1]]
     assert 'href="/dashboard/events/' + ids[1] + '"' in rows[ids[1]]
 
@@ -116,7 +116,7 @@ def test_resend_to_an_endpoint(app, client, brand, write_key):
     token = sign_in(client, write_key)
 
     page = client.get(f"/dashboard/events/{event_id}").get_data(as_text=True)
-    choices = re.findall(r'<option value="(whe_[0-9a-z]+)">', page)
+    choices = re.findall(r'name="endpointId" value="(whe_[0-9a-z]+)"', page)
     assert sorted(choices) == sorted([subscribed, other])  # active ones only
 
     # To the endpoint that had it: a redelivery of its delivery there.
@@ -149,3 +149,57 @@ def test_resend_to_an_endpoint(app, client, brand, write_key):
         )
         assert refused.status_code == 404, endpoint_id
     assert len(_deliveries_of(app, event_id)) == 3
+
+
+def test_an_events_page_lists_its_subjects_events_in_sequence(app, client, brand, read_key):
+    def publish(name: str, deal_id: str) -> str:
+        data = {"id": deal_id} if name.startswith("deal.") else {"dealId": deal_id}
+        with app.app_context():
+            event_id = publish_event(brand_id=brand, name=name, data=data).event.id
+            db.session.commit()
+        return event_id
+
+    life = ["deal.accepted", "escrow.held", "placement.verified", "deal.completed"]
+    ours = []
+    for name in life:
+        ours.append(publish(name, "deal_ours"))
+        publish(name, "deal_other")  # another deal's life, interleaved
+    sign_in(client, read_key)
+
+    page = client.get(f"/dashboard/events/{ours[2]}").get_data(as_text=True)
+    section = page.split('id="event-subject"')[1].split("</section>")[0]
+    assert "Step 3 of deal <code>deal_ours</code>" in section
+    assert "fetch-events?subject=deal:deal_ours" in section
+    steps = re.findall(r'<li value="(\d+)"', section)
+    assert steps == ["1", "2", "3", "4"]
+    # Each other step links to its page; this one is marked, not linked.
+    linked = re.findall(r'href="/dashboard/events/(evt_[0-9a-z]+)"', section)
+    assert linked == [ours[0], ours[1], ours[3]]
+    assert '<li value="3" aria-current="page">' in section
+    assert "deal_other" not in section
+
+    # A subject of one event: a list of one.
+    [alone] = _publish(app, brand, "conversion.recorded")
+    section = client.get(f"/dashboard/events/{alone}").get_data(as_text=True)
+    section = section.split('id="event-subject"')[1].split("</section>")[0]
+    assert re.findall(r'<li value="(\d+)"', section) == ["1"]
+
+
+def test_a_long_subject_lists_the_events_around_this_one(app, client, brand, read_key):
+    with app.app_context():
+        ids = [
+            publish_event(
+                brand_id=brand, name="placement.metrics_updated", data={"dealId": "deal_busy"}
+            ).event.id
+            for _ in range(60)
+        ]
+        db.session.commit()
+    sign_in(client, read_key)
+    page = client.get(f"/dashboard/events/{ids[29]}").get_data(as_text=True)  # sequence 30
+    section = page.split('id="event-subject"')[1].split("</section>")[0]
+    assert re.findall(r'<li value="(\d+)"', section) == [str(n) for n in range(10, 51)]
+    assert "Earlier ones" in section and "Later ones" in section
+    first = client.get(f"/dashboard/events/{ids[0]}").get_data(as_text=True)
+    section = first.split('id="event-subject"')[1].split("</section>")[0]
+    assert re.findall(r'<li value="(\d+)"', section) == [str(n) for n in range(1, 22)]
+    assert "Earlier ones" not in section and "Later ones" in section

@@ -14,6 +14,7 @@ from models.columns import utcnow
 from services.events import publish_event
 from services.webhook_endpoints import current_url_policy, register_endpoint
 from tests.dashboard import sign_in
+from tests.delivery_states import settle
 
 
 def _endpoint(brand_id: str, url: str) -> str:
@@ -47,16 +48,8 @@ def test_overview_counts_the_last_days_deliveries_by_status(app, client, brand, 
             publish_event(brand_id=brand, name="deal.completed", data={"dealId": "deal_x"})
         db.session.flush()
         ids = list(db.session.scalars(db.select(WebhookDelivery.id).order_by(WebhookDelivery.id)))
-        db.session.execute(
-            update(WebhookDelivery)
-            .where(WebhookDelivery.id == ids[0])
-            .values(status="delivered", http_status=200)
-        )
-        db.session.execute(
-            update(WebhookDelivery)
-            .where(WebhookDelivery.id == ids[1])
-            .values(status="failed", http_status=500, last_error="HTTP 500")
-        )
+        settle([ids[0]], "delivered", http_status=200)
+        settle([ids[1]], "failed", http_status=500, last_error="HTTP 500")
         # older than a day: not counted
         publish_event(
             brand_id=brand,
@@ -132,15 +125,15 @@ def _attempts(delivery_id: str, attempts: list, final: bool = False) -> None:
     failed = status is None or not 200 <= status < 300
     values = dict(attempt_count=len(attempts), http_status=status)
     if not failed:
-        values |= dict(status="delivered", delivered_at=when, next_attempt_at=None)
+        settle([delivery_id], "delivered", delivered_at=when, **values)
     elif final:
-        values |= dict(status="failed", next_attempt_at=None, last_error=f"HTTP {status}")
+        settle([delivery_id], "failed", failed_at=when, last_error=f"HTTP {status}", **values)
     else:
         error = "Connection refused" if status is None else f"HTTP {status}"
         values |= dict(next_attempt_at=when + timedelta(minutes=30), last_error=error)
-    db.session.execute(
-        update(WebhookDelivery).where(WebhookDelivery.id == delivery_id).values(**values)
-    )
+        db.session.execute(
+            update(WebhookDelivery).where(WebhookDelivery.id == delivery_id).values(**values)
+        )
 
 
 def test_overview_lists_endpoints_in_the_order_of_every_other_page(app, client, brand, read_key):

@@ -17,6 +17,7 @@ from services.postbacks import Postback, record_postback
 from services.tracked_links import get_link
 from services.webhook_endpoints import current_url_policy, register_endpoint
 from tests.dashboard import htmx, sign_in
+from tests.helpers import EVENT_ENVELOPE_KEYS
 from tests.platform_factory import PlatformFactory
 
 AT = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
@@ -443,6 +444,12 @@ def _register(app, brand_id: str, url: str, events: list[str]) -> str:
         return issued.id
 
 
+def _event_subject(page: str, name: str) -> str:
+    found = re.search(r"Subject: <code>([a-z]+)</code>", _event_entry(page, name))
+    assert found, name
+    return found.group(1)
+
+
 def test_event_types_page_lists_every_event_with_a_json_sample(client, brand, read_key):
     sign_in(client, read_key)
     response = client.get("/dashboard/event-types")
@@ -454,10 +461,20 @@ def test_event_types_page_lists_every_event_with_a_json_sample(client, brand, re
         assert f'href="#{name}"' in page
         sample = re.search(r'<pre class="block[^"]*"[^>]*><code>(.*?)</code></pre>', entry, re.S)
         body = json.loads(html.unescape(sample.group(1)))
-        assert set(body) == {"id", "type", "createdAt", "brandId", "apiVersion", "data"}
+        assert set(body) == set(EVENT_ENVELOPE_KEYS)
         assert body["type"] == name
         assert body["brandId"] == brand
         assert body["data"] == sample_data(name)
+        # The body's subject and sequence, as a publisher writes them, and the entry says it.
+        assert body["sequence"] == 1
+        assert f"Subject: <code>{body['subject']['type']}</code>" in entry
+    assert "deal.completed" in page and 'class="muted subject-note"' in page
+    subjects = {name: _event_subject(page, name) for name in EVENT_NAMES}
+    assert subjects["deal.completed"] == subjects["escrow.released"] == "deal"
+    assert subjects["campaign.published"] == "campaign"
+    assert subjects["conversion.recorded"] == "conversion"
+    assert subjects["webhook.test"] == "endpoint"
+    assert subjects["verification.completed"] == "brand"
     for resource in {name.split(".")[0] for name in EVENT_NAMES}:
         assert f'<h2 id="resource-{resource}-title">{resource}</h2>' in page
 

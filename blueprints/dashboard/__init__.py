@@ -6,11 +6,16 @@ is the same function the API calls. Each page module adds its routes to `dashboa
 
 from flask import Blueprint
 
+from blueprints.api import add_id_converter
+
 DASHBOARD_PREFIX = "/dashboard"
 
 dashboard = Blueprint(
     "dashboard", __name__, url_prefix=DASHBOARD_PREFIX, template_folder="../../templates"
 )
+# Ids in paths are read as the API reads them (`<id(whe):endpoint_id>`): a segment that is no
+# id of that type is no page's, a 404 before any view or query runs.
+dashboard.record_once(add_id_converter)
 
 
 def register_dashboard() -> Blueprint:

@@ -1,5 +1,6 @@
 """Deliveries: the log with filters, sort and paging; rows that refresh themselves while pending;
-one delivery with its payload, the headers sent and every attempt; redeliver.
+one delivery with its payload, the headers sent and every attempt (its timings, address, answer
+and a curl command that makes it again: blueprints/dashboard/attempts.py); redeliver.
 
 The same services and schemas as the API's fetchWebhookDeliveries, fetchWebhookDelivery and
 redeliverWebhook (blueprints/api/webhooks.py): the filters are read by DeliveryQuerySchema, the
@@ -18,6 +19,7 @@ import json
 from flask import flash, redirect, render_template, request, url_for
 
 from blueprints.dashboard import dashboard
+from blueprints.dashboard.attempts import attempt_records
 from blueprints.dashboard.rendering import chosen_filters, render, render_list
 from blueprints.dashboard.session import current_caller, is_htmx, signed_in
 from extensions import db
@@ -120,7 +122,7 @@ def deliveries():
     )
 
 
-@dashboard.get("/deliveries/<delivery_id>/row")
+@dashboard.get("/deliveries/<id(whd):delivery_id>/row")
 @signed_in()
 def delivery_row(delivery_id: str):
     """One row of the log, which a pending row asks for until it settles (one query)."""
@@ -142,11 +144,13 @@ def delivery_row(delivery_id: str):
 
 def _detail_context(delivery_id: str, polls: int = 0, **extra) -> dict:
     brand_id = current_caller().brand_id
-    detail = _detail.dump(get_delivery_detail(brand_id, delivery_id))
-    endpoints = _endpoints_by_id(brand_id)
+    record = get_delivery_detail(brand_id, delivery_id)
+    detail = _detail.dump(record)
+    endpoint = _endpoints_by_id(brand_id).get(detail["endpointId"])
     context = {
         "delivery": detail,
-        "endpoint": endpoints.get(detail["endpointId"]),
+        "endpoint": endpoint,
+        "attempt_records": attempt_records(detail, endpoint, record.body),
         "payload": json.dumps(detail["payload"], indent=2, ensure_ascii=False),
         "headers": _headers_sent(detail),
         "response_max_kib": RESPONSE_BODY_MAX_BYTES // 1024,
@@ -174,14 +178,14 @@ def _headers_sent(detail: dict) -> dict:
     }
 
 
-@dashboard.get("/deliveries/<delivery_id>")
+@dashboard.get("/deliveries/<id(whd):delivery_id>")
 @signed_in()
 def delivery(delivery_id: str):
     """fetchWebhookDelivery."""
     return render("dashboard/delivery.html", **_detail_context(delivery_id))
 
 
-@dashboard.get("/deliveries/<delivery_id>/progress")
+@dashboard.get("/deliveries/<id(whd):delivery_id>/progress")
 @signed_in()
 def delivery_progress(delivery_id: str):
     """The status, headers and attempts region, which asks for itself while pending."""
@@ -191,7 +195,7 @@ def delivery_progress(delivery_id: str):
     return render_template("dashboard/_delivery_progress.html", **context)
 
 
-@dashboard.post("/deliveries/<delivery_id>/redeliver")
+@dashboard.post("/deliveries/<id(whd):delivery_id>/redeliver")
 @signed_in(write=True)
 def redeliver_delivery(delivery_id: str):
     """redeliverWebhook: a new delivery of the same event to the same endpoint. A deleted or

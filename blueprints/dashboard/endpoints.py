@@ -30,7 +30,9 @@ from blueprints.dashboard.session import current_caller, is_htmx, signed_in
 from extensions import db
 from models.columns import utcnow
 from models.event_catalog import DEFAULT_SUBSCRIPTION, EVENT_NAMES, EVENT_TYPES, TEST_EVENT
+from models.webhook_endpoint import NO_ORDERING, SUBJECT_ORDERING
 from schemas.base import iso_timestamp
+from schemas.campaigns import CampaignSchema
 from schemas.dashboard import ExampleEventSchema
 from schemas.events import event_data
 from schemas.webhooks import (
@@ -44,8 +46,10 @@ from schemas.webhooks import (
     RotatedSecretSchema,
     RotateSecretSchema,
 )
+from services.campaigns import campaign_choices
 from services.deliveries import list_deliveries, recover_failed_deliveries
-from services.endpoint_stats import endpoint_stats, with_health
+from services.delivery_queue import waiting_retries
+from services.endpoint_stats import endpoint_stats, latest_failures, with_health
 from services.errors import ValidationFailed
 from services.events import API_VERSION
 from services.signing import (
@@ -63,13 +67,18 @@ from services.webhook_endpoints import (
     get_endpoint,
     list_endpoints,
     register_endpoint,
+    retry_pending,
     rotate_signing_secret,
     send_example_event,
     send_test_ping,
+    signs_with_an_older_secret,
     update_endpoint,
 )
 
-RECENT_DELIVERIES = 10
+# The latest deliveries the page lists (its first screen has the failures; the log has all).
+RECENT_DELIVERIES = 5
+# The failed attempts the page shows first, with their errors (the log has every one).
+LATEST_FAILURES = 3
 # Where the snippets' receiver listens when the endpoint URL names no port (behind a proxy
 # that terminates TLS, typically).
 DEFAULT_RECEIVER_PORT = 8000
@@ -94,6 +103,12 @@ OVERLAP_CHOICES = (
     (86400, "24 hours"),
     (604800, "7 days"),
 )
+# The orderings the forms offer, in the words of the page.
+ORDERING_CHOICES = (
+    (NO_ORDERING, "As soon as each is due (fastest; a deal's events may arrive out of order)"),
+    (SUBJECT_ORDERING, "One after another per deal, campaign or conversion (in sequence)"),
+)
+_campaigns = CampaignSchema(many=True)
 _deliveries = DeliverySchema(many=True)
 _register_form = EndpointRegisterSchema()
 _example_form = ExampleEventSchema()
@@ -121,10 +136,25 @@ def _list_context(**extra) -> dict:
         "event_groups": EVENT_GROUPS,
         "test_event": TEST_EVENT,
         "url_policy": current_url_policy(),
-        "form": {"url": "", "description": "", "events": list(DEFAULT_SUBSCRIPTION)},
+        "form": {
+            "url": "",
+            "description": "",
+            "events": list(DEFAULT_SUBSCRIPTION),
+            "ordering": NO_ORDERING,
+            "campaignIds": [],
+        },
         "errors": {},
-    }
+    } | _filter_choices(brand_id, extra.get("form", {}).get("campaignIds", []))
     return context | extra
+
+
+def _filter_choices(brand_id: str, chosen: list[str]) -> dict:
+    """What the ordering and campaign fields of an endpoint form offer: the brand's campaigns,
+    with those `chosen` among them."""
+    return {
+        "ordering_choices": ORDERING_CHOICES,
+        "campaigns": _campaigns.dump(campaign_choices(brand_id, including=chosen)),
+    }
 
 
 @dashboard.get("/endpoints")
@@ -172,6 +202,8 @@ def _submitted_form() -> dict:
         "url": request.form.get("url", ""),
         "description": request.form.get("description", ""),
         "events": request.form.getlist("events"),
+        "ordering": request.form.get("ordering", NO_ORDERING),
+        "campaignIds": request.form.getlist("campaignIds"),
     }
 
 
@@ -180,20 +212,38 @@ def _submitted_form() -> dict:
 
 def _detail_context(record, **extra) -> dict:
     """What the endpoint page shows. An action's answer swaps in the panels it changed
-    (`refresh`: "summary", "health", "deliveries", "recover", "example"; see
+    (`refresh`: "summary", "health", "deliveries", "retry", "recover", "example", "verify"; see
     _endpoint_refreshed.html) beside its own, so no panel goes on saying what was true before:
-    the health figures (three queries) are drawn for every answer."""
+    the health figures and latest failures (four queries) are drawn for every answer."""
     endpoint = _endpoint.dump(record)
     stats = endpoint_stats(brand_id=record.brand_id, endpoint_id=record.id, now=utcnow())
+    failures = latest_failures(
+        record.id, start=stats.window_start, end=stats.window_end, limit=LATEST_FAILURES
+    )
+    form = extra.get("form") or {}
+    chosen = list({*endpoint["campaignIds"], *form.get("campaignIds", [])})
+    choices = _filter_choices(record.brand_id, chosen)
     context = {
         "endpoint": endpoint,
-        "health": _health.dump(stats),
+        "health": _health.dump(stats) | {"states": stats.states},
+        "failures": [
+            {
+                "deliveryId": failure.delivery_id,
+                "eventName": failure.event_name,
+                "attemptNumber": failure.attempt_number,
+                "requestedAt": iso_timestamp(failure.requested_at),
+                "error": failure.error,
+            }
+            for failure in failures
+        ],
         "chart": _health_chart(stats.hours),
         "refresh": (),
         "example_sent": None,
         "example_choice": _example_choice(endpoint["events"]),
         "deliveries": _recent_deliveries(endpoint["id"]),
-        "snippet": _snippet_values(endpoint, record.brand_id),
+        "snippet": _snippet_values(
+            endpoint, record.brand_id, older_secret=signs_with_an_older_secret(record)
+        ),
         "event_groups": EVENT_GROUPS,
         "test_event": TEST_EVENT,
         "url_policy": current_url_policy(),
@@ -201,8 +251,14 @@ def _detail_context(record, **extra) -> dict:
             "url": endpoint["url"],
             "description": endpoint["description"],
             "events": endpoint["events"],
+            "ordering": endpoint["ordering"],
+            "campaignIds": endpoint["campaignIds"],
         },
         "errors": {},
+        **choices,
+        "campaign_names": {campaign["id"]: campaign["name"] for campaign in choices["campaigns"]},
+        "waiting_retries": waiting_retries(record.id) if record.is_active else 0,
+        "retried": None,
         "dropped_events": [],
         "rotated": None,
         "overlap_choices": OVERLAP_CHOICES,
@@ -266,14 +322,14 @@ def _load(endpoint_id: str):
     return get_endpoint(current_caller().brand_id, endpoint_id)
 
 
-@dashboard.get("/endpoints/<endpoint_id>")
+@dashboard.get("/endpoints/<id(whe):endpoint_id>")
 @signed_in()
 def endpoint(endpoint_id: str):
     rotated = one_time.take(f"signing-secret:{endpoint_id}")
     return render("dashboard/endpoint.html", **_detail_context(_load(endpoint_id), rotated=rotated))
 
 
-@dashboard.get("/endpoints/<endpoint_id>/deliveries")
+@dashboard.get("/endpoints/<id(whe):endpoint_id>/deliveries")
 @signed_in()
 def endpoint_deliveries(endpoint_id: str):
     """The latest deliveries region of the detail page (it polls this while one is pending),
@@ -284,11 +340,11 @@ def endpoint_deliveries(endpoint_id: str):
     return render(
         "dashboard/endpoint.html",
         fragment="dashboard/_endpoint_deliveries_polled.html",
-        **_detail_context(record, refresh=("health",)),
+        **_detail_context(record, refresh=("health", "retry")),
     )
 
 
-@dashboard.post("/endpoints/<endpoint_id>")
+@dashboard.post("/endpoints/<id(whe):endpoint_id>")
 @signed_in(write=True)
 def edit_endpoint(endpoint_id: str):
     """updateWebhookEndpoint with `url` and `events`."""
@@ -330,20 +386,20 @@ def _back_to(endpoint_id: str):
     return redirect(url_for("dashboard.endpoint", endpoint_id=endpoint_id), code=303)
 
 
-@dashboard.get("/endpoints/<endpoint_id>/disable")
+@dashboard.get("/endpoints/<id(whe):endpoint_id>/disable")
 @signed_in(write=True)
 def confirm_disable_endpoint(endpoint_id: str):
     return _confirm(endpoint_id, "disable")
 
 
-@dashboard.post("/endpoints/<endpoint_id>/disable")
+@dashboard.post("/endpoints/<id(whe):endpoint_id>/disable")
 @signed_in(write=True)
 def disable_endpoint(endpoint_id: str):
     """updateWebhookEndpoint with `isActive: false`: its pending deliveries end failed."""
     return _set_active(endpoint_id, False)
 
 
-@dashboard.post("/endpoints/<endpoint_id>/enable")
+@dashboard.post("/endpoints/<id(whe):endpoint_id>/enable")
 @signed_in(write=True)
 def enable_endpoint(endpoint_id: str):
     """updateWebhookEndpoint with `isActive: true`: the failure count starts again at zero."""
@@ -368,11 +424,11 @@ def _set_active(endpoint_id: str, active: bool):
     return render(
         "dashboard/endpoint.html",
         fragment="dashboard/_endpoint_state_changed.html",
-        **_detail_context(record, refresh=("health", "deliveries", "recover", "example")),
+        **_detail_context(record, refresh=("health", "deliveries", "retry", "recover", "example")),
     )
 
 
-@dashboard.get("/endpoints/<endpoint_id>/rotate-secret")
+@dashboard.get("/endpoints/<id(whe):endpoint_id>/rotate-secret")
 @signed_in(write=True)
 def confirm_rotate_endpoint_secret(endpoint_id: str):
     endpoint = _endpoint.dump(_load(endpoint_id))
@@ -408,7 +464,7 @@ def _overlap_consequence(overlap: int) -> str:
     )
 
 
-@dashboard.post("/endpoints/<endpoint_id>/rotate-secret")
+@dashboard.post("/endpoints/<id(whe):endpoint_id>/rotate-secret")
 @signed_in(write=True)
 def rotate_endpoint_secret(endpoint_id: str):
     """rotateWebhookSecret: the new secret is shown once, in this answer or the page after."""
@@ -425,14 +481,15 @@ def rotate_endpoint_secret(endpoint_id: str):
             url_for("dashboard.endpoint", endpoint_id=endpoint_id, _anchor="endpoint-secret-panel"),
             code=303,
         )
+    # The verify panel too: an endpoint leaving an older secret gets the library's usual call.
     return render(
         "dashboard/endpoint.html",
-        fragment="dashboard/_endpoint_secret.html",
-        **_detail_context(issued.record, rotated=rotated),
+        fragment="dashboard/_endpoint_secret_rotated.html",
+        **_detail_context(issued.record, rotated=rotated, refresh=("verify",)),
     )
 
 
-@dashboard.post("/endpoints/<endpoint_id>/recover")
+@dashboard.post("/endpoints/<id(whe):endpoint_id>/recover")
 @signed_in(write=True)
 def recover_endpoint_deliveries(endpoint_id: str):
     """recoverWebhookDeliveries over the chosen window back from now."""
@@ -465,17 +522,43 @@ def recover_endpoint_deliveries(endpoint_id: str):
     )
 
 
+@dashboard.post("/endpoints/<id(whe):endpoint_id>/retry-pending")
+@signed_in(write=True)
+def retry_endpoint_pending(endpoint_id: str):
+    """retryPendingWebhookDeliveries: what waits for a retry goes now."""
+    due = retry_pending(brand_id=current_caller().brand_id, endpoint_id=endpoint_id)
+    db.session.commit()
+    if not is_htmx():
+        flash(_retried_words(due), "success" if due else "info")
+        return _back_to(endpoint_id)
+    return render(
+        "dashboard/endpoint.html",
+        fragment="dashboard/_endpoint_retried.html",
+        status=202,
+        **_detail_context(
+            _load(endpoint_id), retried=_retried_words(due), refresh=("health", "deliveries")
+        ),
+    )
+
+
+def _retried_words(due: int) -> str:
+    if not due:
+        return "Nothing was waiting for a retry: every pending delivery is due or on its way."
+    noun = "delivery is" if due == 1 else "deliveries are"
+    return f"{due} waiting {noun} due now: watch them under “Recent deliveries”."
+
+
 def _int(value: str | None) -> int | None:
     return int(value) if value is not None and value.isdigit() else None
 
 
-@dashboard.get("/endpoints/<endpoint_id>/delete")
+@dashboard.get("/endpoints/<id(whe):endpoint_id>/delete")
 @signed_in(write=True)
 def confirm_remove_endpoint(endpoint_id: str):
     return _confirm(endpoint_id, "delete")
 
 
-@dashboard.post("/endpoints/<endpoint_id>/delete")
+@dashboard.post("/endpoints/<id(whe):endpoint_id>/delete")
 @signed_in(write=True)
 def remove_endpoint(endpoint_id: str):
     """deleteWebhookEndpoint, then back to the list."""
@@ -492,7 +575,7 @@ def remove_endpoint(endpoint_id: str):
     return redirect(target, code=303)
 
 
-@dashboard.post("/endpoints/<endpoint_id>/send-test")
+@dashboard.post("/endpoints/<id(whe):endpoint_id>/send-test")
 @signed_in()
 def send_endpoint_test(endpoint_id: str):
     """sendWebhookTest (read scope is enough). A disabled endpoint is NotFound, as in the API."""
@@ -512,7 +595,7 @@ def send_endpoint_test(endpoint_id: str):
     )
 
 
-@dashboard.post("/endpoints/<endpoint_id>/send-example")
+@dashboard.post("/endpoints/<id(whe):endpoint_id>/send-example")
 @signed_in(write=True)
 def send_endpoint_example(endpoint_id: str):
     """An event of the catalogue with its sample body, to this endpoint alone. Write scope,
@@ -598,9 +681,10 @@ def _health_chart(hours) -> dict:
 # ---- the verification snippets' values ----
 
 
-def _snippet_values(endpoint: dict, brand_id: str) -> dict:
+def _snippet_values(endpoint: dict, brand_id: str, *, older_secret: bool) -> dict:
     """What the snippets fill in for this endpoint, and the literals they quote it with
-    (JSON strings are valid Python and JavaScript string literals)."""
+    (JSON strings are valid Python and JavaScript string literals). `older_secret`: its secret
+    predates base64 secrets, so a Standard Webhooks library takes it as bytes (CONTRACT 12.1)."""
     url = endpoint["url"]
     parts = urlsplit(url)
     sample_body = json.dumps(
@@ -628,6 +712,7 @@ def _snippet_values(endpoint: dict, brand_id: str) -> dict:
             "delivery": DELIVERY_HEADER,
         },
         "test_event": TEST_EVENT,
+        "older_secret": older_secret,
         "shell_url": shlex.quote(url),
         "shell_body": shlex.quote(sample_body),
     }

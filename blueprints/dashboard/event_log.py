@@ -21,14 +21,13 @@ from extensions import db
 from models.columns import id_pattern
 from models.event_catalog import EVENT_NAMES
 from models.paging import MAX_LIMIT
-from models.webhook_delivery import DELIVERY_STATUSES
 from schemas.base import iso_timestamp
 from schemas.dashboard import EventLogQuerySchema
 from schemas.envelope import PageMetaSchema
 from schemas.webhooks import DeliverySchema, EndpointSchema
 from services.deliveries import list_deliveries, send_event_again
 from services.errors import NotFound, ValidationFailed
-from services.event_feed import get_event, list_events
+from services.event_feed import get_event, list_events, subject_events
 from services.retention import retention_period
 from services.webhook_endpoints import list_endpoints
 
@@ -36,6 +35,8 @@ FILTERS = ("type",)
 FILTER_LABELS = {"type": "Type", "eventId": "Event id", "page": "Page", "limit": "Per page"}
 
 ENDPOINT_ID = re.compile(id_pattern("whe"))
+# The event page lists this many of its subject's events before it and after it.
+SUBJECT_REACH = 20
 
 _query = EventLogQuerySchema()
 _meta = PageMetaSchema()
@@ -76,7 +77,6 @@ def event_log():
         fetch=fetch,
         chosen=chosen_filters(FILTERS),
         event_names=EVENT_NAMES,
-        statuses=DELIVERY_STATUSES,
         filter_labels=FILTER_LABELS,
         retention_days=retention_period().days,
         missing=missing,
@@ -111,7 +111,14 @@ def event(event_id: str):
     deliveries = list_deliveries(brand_id=brand_id, page=1, limit=MAX_LIMIT, event_id=event_id)
     return render(
         "dashboard/event.html",
-        event={"id": detail.id, "type": detail.type, "createdAt": iso_timestamp(detail.created_at)},
+        event={
+            "id": detail.id,
+            "type": detail.type,
+            "createdAt": iso_timestamp(detail.created_at),
+            "subject": {"type": detail.subject.type, "id": detail.subject.id},
+            "sequence": detail.sequence,
+        },
+        subject=_subject_neighbours(brand_id, detail),
         body=json.dumps(json.loads(detail.body), indent=2, ensure_ascii=False),
         deliveries=_deliveries.dump(deliveries.items),
         more_deliveries=deliveries.has_next,
@@ -119,6 +126,34 @@ def event(event_id: str):
         active_endpoints=[e for e in endpoints.values() if e["isActive"]],
         **poll_context(0),
     )
+
+
+def _subject_neighbours(brand_id: str, detail) -> dict:
+    """The event's subject's events around it, in sequence: up to SUBJECT_REACH before and
+    after, and whether there are more either side (opening the first or the last listed moves
+    the window)."""
+    first = max(1, detail.sequence - SUBJECT_REACH)
+    # One more each side than shown, to know whether there is more.
+    found = subject_events(
+        brand_id,
+        (detail.subject.type, detail.subject.id),
+        after_sequence=first - 2,
+        limit=detail.sequence - first + SUBJECT_REACH + 3,
+    )
+    shown = [e for e in found if first <= e.sequence <= detail.sequence + SUBJECT_REACH]
+    return {
+        "events": [
+            {
+                "id": event.id,
+                "type": event.type,
+                "createdAt": iso_timestamp(event.created_at),
+                "sequence": event.sequence,
+            }
+            for event in shown
+        ],
+        "earlier": any(event.sequence < first for event in found),
+        "later": any(event.sequence > detail.sequence + SUBJECT_REACH for event in found),
+    }
 
 
 @dashboard.post("/events/<id(evt):event_id>/resend")

@@ -3,39 +3,29 @@ means, the body a receiver gets for it, the default subscription, and which of t
 endpoints subscribe to it (CONTRACT 6.1). The events that happened are the Events page
 (blueprints/dashboard/event_log.py).
 
-The bodies are the catalogue's samples (`sample_data`, as the OpenAPI `webhooks` and `flask events
-emit` use them) in the envelope `publish_event` writes, with this brand's id.
+The bodies are the OpenAPI document's samples (the catalogue's `sample_data`, as `flask events
+emit` uses it, in the envelope `publish_event` writes), with this brand's id.
 """
 
 from __future__ import annotations
 
 import json
 
+from blueprints.api.webhook_events import sample_body
 from blueprints.dashboard import dashboard
 from blueprints.dashboard.rendering import render
 from blueprints.dashboard.session import current_caller, signed_in
-from models.event_catalog import DEFAULT_SUBSCRIPTION, EVENT_TYPES, TEST_EVENT, sample_data
+from models.event_catalog import DEFAULT_SUBSCRIPTION, EVENT_TYPES, TEST_EVENT
+from models.event_subjects import subject_type_of
 from schemas.webhooks import EndpointSchema
-from services.events import API_VERSION
 from services.retention import retention_period
 from services.webhook_endpoints import list_endpoints
-
-SAMPLE_EVENT_ID = "evt_01jd3kw3x5y7z9a1b3c5d7e9f1"
-SAMPLE_CREATED_AT = "2026-11-20T08:15:00.000Z"
 
 _endpoints = EndpointSchema(many=True)
 
 
 def _sample_body(name: str, brand_id: str) -> str:
-    body = {
-        "id": SAMPLE_EVENT_ID,
-        "type": name,
-        "createdAt": SAMPLE_CREATED_AT,
-        "brandId": brand_id,
-        "apiVersion": API_VERSION,
-        "data": sample_data(name),
-    }
-    return json.dumps(body, indent=2, ensure_ascii=False)
+    return json.dumps(sample_body(name, brand_id), indent=2, ensure_ascii=False)
 
 
 @dashboard.get("/event-types")
@@ -51,6 +41,7 @@ def event_types():
                 "description": event.description,
                 "default": event.name in DEFAULT_SUBSCRIPTION,
                 "test": event.name == TEST_EVENT,
+                "subject_type": subject_type_of(event.name),
                 "subscribers": [e for e in endpoints if event.name in e["events"]],
                 "sample": _sample_body(event.name, brand_id),
             }

@@ -91,7 +91,7 @@ def create_key():
     )
 
 
-@dashboard.get("/keys/<key_id>/revoke")
+@dashboard.get("/keys/<id(key):key_id>/revoke")
 @signed_in(write=True)
 def confirm_revoke_key(key_id: str):
     key = next((key for key in _keys_context()["keys"] if key["id"] == key_id), None)
@@ -108,7 +108,7 @@ def confirm_revoke_key(key_id: str):
     )
 
 
-@dashboard.post("/keys/<key_id>/revoke")
+@dashboard.post("/keys/<id(key):key_id>/revoke")
 @signed_in(write=True)
 def revoke_key(key_id: str):
     caller = current_caller()

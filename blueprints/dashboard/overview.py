@@ -31,6 +31,7 @@ def overview():
     brand_id = caller.brand_id
     retrying = list_deliveries(brand_id=brand_id, page=1, limit=LISTED, retrying=True)
     failed = list_deliveries(brand_id=brand_id, page=1, limit=LISTED, status="failed")
+    endpoints = _endpoints.dump(list_endpoints(brand_id))
     return render(
         "dashboard/overview.html",
         workspace=_workspace.dump(
@@ -38,7 +39,9 @@ def overview():
             get_workspace(brand_id=brand_id, key_id=cast(str, caller.key_id), scopes=caller.scopes)
         ),
         health=delivery_health(brand_id, since=utcnow() - RECENT),
-        endpoints=_endpoints.dump(list_endpoints(brand_id)),
+        endpoints=endpoints,
+        # The lists name each delivery's endpoint; a deleted one is absent.
+        endpoints_by_id={endpoint["id"]: endpoint for endpoint in endpoints},
         retrying=_deliveries.dump(retrying.items),
         recent_failures=_deliveries.dump(failed.items),
     )

@@ -74,7 +74,7 @@ def conversions():
     )
 
 
-@dashboard.get("/conversions/<conversion_id>")
+@dashboard.get("/conversions/<id(conv):conversion_id>")
 @signed_in()
 def conversion(conversion_id: str):
     """fetchConversion: another brand's id is NotFound, as in the API."""

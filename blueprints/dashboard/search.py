@@ -8,18 +8,19 @@ was wrong, and never reveals another brand's records.
 
 from __future__ import annotations
 
+import re
+
 from flask import redirect, request, url_for
 
 from blueprints.dashboard import dashboard
 from blueprints.dashboard.rendering import render
 from blueprints.dashboard.session import current_caller, signed_in
+from models.columns import id_pattern
 from services.conversions import get_conversion
 from services.deliveries import get_delivery
 from services.errors import NotFound
 from services.event_feed import get_event
 from services.webhook_endpoints import get_endpoint
-
-QUERY_MAX_LENGTH = 100
 
 
 def _delivery(brand_id: str, found: str) -> str:
@@ -44,11 +45,13 @@ def _endpoint(brand_id: str, found: str) -> str:
 
 # id prefix -> (what it names, where it leads)
 KINDS = {
-    "whd_": ("delivery", _delivery),
-    "evt_": ("event", _event),
-    "conv_": ("conversion", _conversion),
-    "whe_": ("endpoint", _endpoint),
+    "whd": ("delivery", _delivery),
+    "evt": ("event", _event),
+    "conv": ("conversion", _conversion),
+    "whe": ("endpoint", _endpoint),
 }
+# The form of each kind's ids, as the router reads them in paths (`models.columns.id_pattern`).
+_ID_FORMS = {prefix: re.compile(id_pattern(prefix)) for prefix in KINDS}
 
 
 @dashboard.get("/search")
@@ -57,8 +60,10 @@ def search():
     query = request.args.get("q", "").strip()
     if not query:
         return render("dashboard/search.html", query="", problem=None)
-    kind = next((kind for prefix, kind in KINDS.items() if query.startswith(prefix)), None)
-    if kind is None or len(query) > QUERY_MAX_LENGTH or "\x00" in query:
+    kind = next(
+        (KINDS[prefix] for prefix, form in _ID_FORMS.items() if form.fullmatch(query)), None
+    )
+    if kind is None:
         problem = (
             "That is not an id the dashboard can look up: paste a delivery (whd_…), event "
             "(evt_…), conversion (conv_…) or endpoint (whe_…) id."

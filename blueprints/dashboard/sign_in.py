@@ -4,8 +4,6 @@
 
 from __future__ import annotations
 
-from contextlib import suppress
-
 from flask import flash, redirect, request, session, url_for
 
 from blueprints.api.auth import rate_limiter
@@ -23,8 +21,8 @@ from services.authentication import (
     authenticate_bootstrap_token,
     authorize,
 )
-from services.errors import Forbidden, NotFound, RateLimited, Unauthorized, ValidationFailed
-from services.rate_limits import SIGN_IN_FAILURES
+from services.errors import Forbidden, NotFound, Unauthorized, ValidationFailed
+from services.sign_in_throttle import Refusal, count_failed_sign_in, sign_in_refusal
 
 _issued_key = IssuedApiKeySchema()
 _bootstrap_form = BootstrapSignInSchema()
@@ -54,9 +52,9 @@ def sign_in_with_key():
     secret = request.form.get("apiKey", "").strip()
     next_page = request.form.get("next", "")
     safe_next(next_page)
-    wait = _seconds_until_sign_in_allowed()
-    if wait is not None:
-        return _too_many_failures("dashboard/sign_in.html", wait, next=next_page)
+    refusal = _sign_in_refusal()
+    if refusal is not None:
+        return _too_many_failures("dashboard/sign_in.html", refusal, next=next_page)
     if secret.startswith(credentials.BOOTSTRAP_TOKEN_PREFIX):
         # Support's token mints a first key; it never signs in. Say where it goes instead.
         return _refused(
@@ -75,18 +73,15 @@ def sign_in_with_key():
     return redirect(safe_next(next_page), code=303)
 
 
-def _seconds_until_sign_in_allowed() -> int | None:
+def _sign_in_refusal() -> Refusal | None:
     limiter = rate_limiter()
-    if limiter is None:
-        return None
-    return limiter.seconds_until_allowed(SIGN_IN_FAILURES, _client_address())
+    return None if limiter is None else sign_in_refusal(limiter, _client_address())
 
 
 def _count_failed_sign_in() -> None:
     limiter = rate_limiter()
     if limiter is not None:
-        with suppress(RateLimited):  # this failure used up the limit: the next try is refused
-            limiter.count_request(SIGN_IN_FAILURES, _client_address())
+        count_failed_sign_in(limiter, _client_address())
 
 
 def _client_address() -> str:
@@ -94,12 +89,19 @@ def _client_address() -> str:
     return request.remote_addr or "unknown"
 
 
-def _too_many_failures(template: str, wait: int, **context):
-    """429: the form again, saying how long until this address may try once more."""
-    message = (
-        f"Too many failed sign-ins from your address. Try again in {wait} seconds; until then "
-        "no key or token is checked from it."
-    )
+def _too_many_failures(template: str, refusal: Refusal, **context):
+    """429: the form again, saying how long until a sign-in may be tried once more."""
+    wait = refusal.retry_after
+    if refusal.everyone:
+        message = (
+            "Too many failed sign-ins to this service from everywhere just now. Try again in "
+            f"{wait} seconds; until then no key or token is checked."
+        )
+    else:
+        message = (
+            f"Too many failed sign-ins from your address. Try again in {wait} seconds; until "
+            "then no key or token is checked from it."
+        )
     body, status = render(
         template, status=429, error=message, form={}, errors={}, throttled=True, **context
     )
@@ -121,9 +123,9 @@ def create_first_key():
     """Mint a key with the bootstrap token support issued, sign in with it, show it once."""
     form = request.form.to_dict()
     form.pop("bootstrapToken", None)  # a credential: never rendered back into the page
-    wait = _seconds_until_sign_in_allowed()
-    if wait is not None:
-        return _too_many_failures("dashboard/first_key.html", wait)
+    refusal = _sign_in_refusal()
+    if refusal is not None:
+        return _too_many_failures("dashboard/first_key.html", refusal)
     try:
         fields = load_form(_bootstrap_form)
         caller = authenticate_bootstrap_token(fields["bootstrap_token"])
