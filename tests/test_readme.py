@@ -1,15 +1,21 @@
 """The README's shell examples, run word for word as a newcomer would on a fresh clone: `make run`
-(the real supervisor, scripts/run.py, on this run's database and Redis), then every command of
-every ```sh block in order, in a shell with the variables the earlier ones set.
+(the real supervisor, scripts/run.py, on this run's database and Redis) in one terminal, then
+every command of every ```sh block pasted in order into ONE bash session, the second terminal:
+its variables, its background jobs and its `$!` carry from one block to the next, as they do
+for a person, so a command that works only on its own (a `kill %1` after a restart made the
+receiver job %3) fails here.
 
 What the README shows is checked, not just run:
+- every command exits 0 (`kill` included), in a shell with `set -u`: every `$NAME` a command
+  uses was set by an earlier line;
 - a `# → 201 {...}` line after a command is a claim about its answer: the status, and every
   `"field": value` it names (`"…"` any text, `"cmp_…"` text starting so, or the exact value);
 - a line `NAME=prefix…  # …` is "paste what the previous command printed": that command's output
-  must hold such a value, which the next commands then use;
-- every `$NAME` a command uses was set by an earlier line (the shell runs with `set -u`);
-- what the commands sent to the bundled receiver arrived there: the test ping, each event the
-  simulated steps published to its subscription, and the conversion recorded.
+  must hold such a value, which is then set in the shell as a person pastes it;
+- what the commands sent to the bundled receiver arrived there, each with a signature it
+  verified: the test ping, each event the simulated steps published to its subscription, the
+  conversion recorded and the events the relay forwarded; the relay's line says `-> 200`;
+- a process the README stops is gone; a receiver started again gets what is sent after.
 
 Only `make test` (this suite) and `make screenshots` are not run. Ports are the test's own: the
 README's 5000 and 8000 are replaced by free ones.
@@ -119,29 +125,126 @@ def claim_problems(claims: list[str], output: str) -> list[str]:
     return problems
 
 
+@dataclass
+class Pasted:
+    """What one command printed in the session, and how it exited."""
+
+    command: str
+    status: int
+    stdout: str
+    stderr: str
+    stdout_path: Path
+
+
+class Terminal:
+    """One bash session fed like a terminal: each command is pasted into it, whole, after the
+    one before has finished. A command's output goes to files of its own (a background job's
+    too: the job keeps writing there), so that each answer can be checked alone."""
+
+    def __init__(self, environ: dict[str, str], directory: Path) -> None:
+        self.directory = directory
+        self.count = 0
+        self.log = directory / "terminal.log"
+        with open(self.log, "wb") as log:
+            self.process = subprocess.Popen(
+                ["bash", "--norc", "--noprofile"],
+                cwd=ROOT,
+                env=environ,
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,  # close() ends the session and every job it started
+            )
+        self.run("set -u")
+
+    def run(self, command: str, timeout: float = 90) -> Pasted:
+        self.count += 1
+        stdout, stderr, status = (self.directory / f"step-{self.count}.{end}" for end in "oes")
+        # The braces keep the command in this shell (its variables and jobs stay), and send
+        # what it prints, its background jobs' output included, to this step's files.
+        self.process.stdin.write(
+            f"{{ {command}\n}} >{shlex.quote(str(stdout))} 2>{shlex.quote(str(stderr))}"
+            " </dev/null\n"
+            f"echo $? >{shlex.quote(str(status))}.part && mv {shlex.quote(str(status))}.part "
+            f"{shlex.quote(str(status))}\n"
+        )
+        self.process.stdin.flush()
+        deadline = time.monotonic() + timeout
+        while not status.exists():
+            if self.process.poll() is not None:
+                pytest.fail(
+                    f"the shell ended at `{command}`:\n{self.log.read_text()}"
+                    f"{stderr.read_text() if stderr.exists() else ''}",
+                    pytrace=False,
+                )
+            if time.monotonic() > deadline:
+                pytest.fail(f"`{command}` did not finish within {timeout:.0f} s", pytrace=False)
+            time.sleep(0.05)
+        return Pasted(
+            command, int(status.read_text()), stdout.read_text(), stderr.read_text(), stdout
+        )
+
+    def value(self, name: str) -> str:
+        """A shell variable, as `echo "$NAME"` shows it."""
+        return self.succeed(f'printf %s "${name}"').stdout
+
+    def succeed(self, command: str) -> Pasted:
+        pasted = self.run(command)
+        assert pasted.status == 0, (
+            f"`{command}` exited {pasted.status}:\n{pasted.stdout}\n{pasted.stderr}"
+        )
+        return pasted
+
+    def close(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(10)
+
+
+@dataclass
+class Job:
+    """A command the README runs in the background (`… &`), and its `$!`."""
+
+    command: str
+    pid: int
+    log: Path
+    outputs_before: int  # how many answers the README had shown when it started
+
+    @property
+    def output(self) -> str:
+        return self.log.read_text()
+
+    @property
+    def is_receiver(self) -> bool:
+        return "scripts/webhook_receiver.py" in self.command
+
+    def running(self) -> bool:
+        try:
+            state = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return False
+        return state != "Z"
+
+
 class Walkthrough:
-    """A terminal: shell variables, background jobs, and what every command printed."""
+    """The README's two terminals: `make run` in the first, the one session of the rest."""
 
     def __init__(self, environ: dict[str, str], tmp_path: Path) -> None:
         self.port = free_port()
         self.receiver_port = free_port()
         self.environ = environ
         self.tmp_path = tmp_path
-        self.variables: dict[str, str] = {}
-        self.jobs: list[subprocess.Popen] = []
-        self.job_logs: list[Path] = []
-        self.job_commands: list[str] = []
-        self.outputs: list[str] = []
+        self.terminal = Terminal(environ, tmp_path)
+        self.outputs: list[str] = []  # what each command that answers printed, in order
+        self.jobs: list[Job] = []
+        self.stopped: list[Job] = []
         self.supervisor: subprocess.Popen | None = None
         self.supervisor_log = tmp_path / "make-run.log"
-        self.stopped: list[int] = []
 
     def localize(self, command: str) -> str:
         command = command.replace("127.0.0.1:5000", f"127.0.0.1:{self.port}")
         return re.sub(r"\b8000\b", str(self.receiver_port), command)
-
-    def env(self) -> dict[str, str]:
-        return {**self.environ, **self.variables}
 
     def run(self, step: Step) -> None:
         command = step.command
@@ -152,25 +255,23 @@ class Walkthrough:
         placeholder = PLACEHOLDER.match(command)
         if placeholder:
             return self.paste(*placeholder.groups())
-        if command.endswith("&") or " & " in command.split("#")[0]:
-            return self.background(command.split("#")[0].strip().rstrip("&").strip())
-        kill = re.fullmatch(r"kill %(\d+)(\s+#.*)?", command)
-        if kill:
-            return self.stop_job(int(kill.group(1)))
+        if command.split("#")[0].strip().endswith("&"):
+            return self.background(command)
+        if re.match(r"kill\b", command):
+            return self.stop(command)
         assignment = ASSIGNMENT.match(command)
         if assignment and "\n" not in command:
-            name, value = assignment.groups()
-            self.variables[name] = self.shell(f'printf %s "{value}"' if "$" in value else value)
+            self.terminal.succeed(self.localize(command))
             return
         self.outputs.append(self.until_claims_hold(step))
 
     def until_claims_hold(self, step: Step) -> str:
-        """Run it; a read (a GET) that does not show yet what its claim says is asked again
-        for a while: a worker may not have made its attempt yet."""
+        """Paste it; a read (a GET) that does not show yet what its claim says is pasted again
+        for a while, as a person would: a worker may not have made its attempt yet."""
         reads = " -X " not in step.command
         deadline = time.monotonic() + (SETTLE_SECONDS if reads else 0)
         while True:
-            output = self.shell(self.localize(step.command))
+            output = self.terminal.succeed(self.localize(step.command)).stdout.strip()
             problems = claim_problems(step.claims, output)
             if not problems:
                 return output
@@ -178,28 +279,14 @@ class Walkthrough:
                 pytest.fail("\n".join(problems), pytrace=False)
             time.sleep(0.5)
 
-    def shell(self, command: str) -> str:
-        result = subprocess.run(
-            ["bash", "-euo", "pipefail", "-c", command],
-            cwd=ROOT,
-            env=self.env(),
-            capture_output=True,
-            text=True,
-            timeout=90,
-            check=False,
-        )
-        assert result.returncode == 0, (
-            f"`{command}` exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
-        )
-        return result.stdout.strip()
-
     def paste(self, name: str, prefix: str) -> None:
         """What the previous command printed, as a person pastes it."""
         assert self.outputs, f"{name}={prefix}… pastes from a command before it"
-        pasted = re.findall(rf"{re.escape(prefix)}[\w-]+", self.outputs[-1])
+        # `[\w+/=-]`: a signing secret is base64 after its `whsec_` (CONTRACT 12.1).
+        pasted = re.findall(rf"{re.escape(prefix)}[\w+/=-]+", self.outputs[-1])
         assert pasted, f"{name}={prefix}…: the previous command printed none:\n{self.outputs[-1]}"
         # The longest: a key's secret, not its 12-character keyPrefix printed beside it.
-        self.variables[name] = max(pasted, key=len)
+        self.terminal.succeed(f"{name}={shlex.quote(max(pasted, key=len))}")
 
     def make_run(self) -> None:
         if self.supervisor is not None:
@@ -234,79 +321,98 @@ class Walkthrough:
         pytest.fail(f"make run did not serve in time:\n{self.supervisor_log.read_text()}")
 
     def background(self, command: str) -> None:
-        log = self.tmp_path / f"job-{len(self.jobs) + 1}.log"
-        with open(log, "wb") as out:
-            job = subprocess.Popen(
-                ["bash", "-c", f"exec {self.localize(command)}"],
-                cwd=ROOT,
-                env={**self.env(), "PYTHONUNBUFFERED": "1"},
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        pasted = self.terminal.succeed(self.localize(command))
+        job = Job(
+            command,
+            int(self.terminal.value("!")),
+            pasted.stdout_path,
+            outputs_before=len(self.outputs),
+        )
         self.jobs.append(job)
-        self.job_logs.append(log)
-        self.job_commands.append(command)
+        # A person waits for it to say it is ready before going on.
         deadline = time.monotonic() + 20
-        while "listening on" not in log.read_text() and time.monotonic() < deadline:
-            assert job.poll() is None, log.read_text()
+        while "listening on" not in job.output and time.monotonic() < deadline:
+            assert job.running(), f"`{command}` ended:\n{job.output}\n{pasted.stderr}"
             time.sleep(0.1)
 
-    def wait_for_a_retry(self) -> None:
-        """Until a delivery the README left retrying has had its second attempt (the first
-        retry comes about 5 s after the first failure), so the retry path has run too."""
-        url = (
-            f"http://127.0.0.1:{self.port}/api/v1/brand/{self.variables['BRAND']}"
-            "/webhook/fetch-deliveries?retrying=true"
-        )
-        deadline = time.monotonic() + SETTLE_SECONDS
-        while time.monotonic() < deadline:
-            answer = requests.get(url, headers={"X-Api-Key": self.variables["KEY"]}, timeout=10)
-            if any(d["attemptCount"] >= 2 for d in answer.json()["data"]["deliveries"]):
-                return
-            time.sleep(0.5)
-        pytest.fail(f"no retry within {SETTLE_SECONDS} s:\n{self.supervisor_log.read_text()}")
+    def stop(self, command: str) -> None:
+        """A `kill` line, pasted as it is: it must succeed in this shell and stop exactly one
+        of the jobs, which, if a receiver, had got everything sent to it until then."""
+        running = [job for job in self.jobs if job.running()]
+        for job in running:
+            if job.is_receiver:
+                self.assert_received(job, self.sent_since(job))
+        self.terminal.succeed(command)
+        deadline = time.monotonic() + 10
+        while not (stopped := [job for job in running if not job.running()]):
+            assert time.monotonic() < deadline, f"`{command}` stopped nothing"
+            time.sleep(0.1)
+        assert len(stopped) == 1, f"`{command}` stopped {[job.command for job in stopped]}"
+        self.stopped += stopped
 
-    def job_output(self, number: int) -> str:
-        return self.job_logs[number - 1].read_text()
+    def answers(self, since: int = 0) -> list[dict]:
+        answers = []
+        for output in self.outputs[since:]:
+            with contextlib.suppress(ValueError):
+                answer = json.loads(output)
+                if isinstance(answer, dict):
+                    answers.append(answer)
+        return answers
 
-    def stop_job(self, number: int) -> None:
-        self.assert_received(number)
-        self.jobs[number - 1].send_signal(signal.SIGTERM)
-        self.jobs[number - 1].wait(10)
-        self.stopped.append(number)
-
-    def assert_received(self, number: int) -> None:
-        """Everything the commands so far sent to the receiver (job `number`) arrived: the test
-        ping, each event a simulated step published to its subscription, each conversion."""
-        outputs = [json.loads(o) for o in self.outputs if o.startswith("{")]
-        [registered] = [o["data"] for o in outputs if "signingSecret" in o.get("data", {})]
-        published = [
-            event["id"]
-            for output in outputs
-            for event in output.get("events", [])
-            if event["type"] in registered["events"]
+    def relayed(self) -> list[str]:
+        """The events the relay says it delivered (`-> 200`)."""
+        return [
+            event_id
+            for job in self.jobs
+            if "scripts/listen.py" in job.command
+            for event_id in re.findall(r" (evt_\w+)  -> 200 \(", job.output)
         ]
-        assert published, "no simulated step published an event the endpoint subscribes to"
-        conversions = [
-            o["data"]["conversionId"] for o in outputs if "conversionId" in o.get("data", {})
-        ]
-        assert conversions, "no postback was recorded while the receiver ran"
-        expected = ["webhook.test", *published, *conversions]
+
+    def sent_since(self, receiver: Job) -> list[str]:
+        """What the README's commands sent to the endpoint since the receiver started: each
+        queued delivery (the test ping, a redelivery), each event a simulated step published to
+        its subscription, each conversion."""
+        [registered] = [a["data"] for a in self.answers() if "signingSecret" in a.get("data", {})]
+        sent = []
+        for answer in self.answers(since=receiver.outputs_before):
+            data = answer.get("data") or {}
+            sent += [data[name] for name in ("deliveryId", "conversionId") if name in data]
+            sent += [e["id"] for e in answer.get("events", []) if e["type"] in registered["events"]]
+        return sent
+
+    def assert_received(self, receiver: Job, expected: list[str]) -> None:
+        """Each of `expected` arrived at the receiver, every delivery with a signature it
+        verified (one line per delivery)."""
         deadline = time.monotonic() + SETTLE_SECONDS
         while True:
-            received = self.job_output(number)
+            received = receiver.output
             missing = [value for value in expected if value not in received]
             if not missing or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
         assert missing == [], f"the receiver did not get {missing}:\n{received}"
+        deliveries = received.splitlines()[1:]
+        unverified = [line for line in deliveries if "(signature OK)" not in line]
+        assert unverified == [], f"deliveries the receiver did not verify:\n{received}"
+
+    def wait_for_a_retry(self, delivery_id: str) -> None:
+        """Until the delivery the README left retrying has had its second attempt (the first
+        retry comes about 5 s after the first failure), so the retry path has run too."""
+        url = (
+            f"http://127.0.0.1:{self.port}/api/v1/brand/{self.terminal.value('BRAND')}"
+            f"/webhook/deliveries/{delivery_id}"
+        )
+        headers = {"X-Api-Key": self.terminal.value("KEY")}
+        deadline = time.monotonic() + SETTLE_SECONDS
+        while time.monotonic() < deadline:
+            answer = requests.get(url, headers=headers, timeout=10).json()
+            if answer["data"]["attemptCount"] >= 2:
+                return
+            time.sleep(0.5)
+        pytest.fail(f"no retry within {SETTLE_SECONDS} s:\n{self.supervisor_log.read_text()}")
 
     def close(self) -> None:
-        for job in self.jobs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(job.pid, signal.SIGKILL)
-            job.wait(10)
+        self.terminal.close()
         if self.supervisor is not None and self.supervisor.poll() is None:
             os.killpg(self.supervisor.pid, signal.SIGINT)
             try:
@@ -324,29 +430,42 @@ def walkthrough(app, app_environ, tmp_path):
         "APP_ENV": "development",
         "PATH": os.environ["PATH"],
         "HOME": str(tmp_path),
+        "PYTHONUNBUFFERED": "1",
     }
     terminal = Walkthrough(environ, tmp_path)
     yield terminal
     terminal.close()
 
 
-def test_every_command_of_the_readme_works_word_for_word(walkthrough):
+def test_every_command_of_the_readme_works_pasted_in_order_into_one_shell(walkthrough):
     steps = readme_steps(README.read_text())
     assert steps[0].command.startswith("make run"), "the README starts with make run"
     for step in steps:
         walkthrough.run(step)
 
-    # The receiver got what was sent to it (checked when the README stops it).
-    assert walkthrough.stopped == [1], "the README stops the receiver to show retrying deliveries"
-    # The relay forwarded the event emitted after it started, and the receiver answered 200.
-    [relay] = [n for n, c in enumerate(walkthrough.job_commands, 1) if "scripts/listen.py" in c]
-    assert re.search(r"deal\.completed +evt_\w+  -> 200 \(", walkthrough.job_output(relay)), (
-        walkthrough.job_output(relay)
-    )
+    # The README stops the receiver to show retrying deliveries (it had got everything sent
+    # to it, each verified: checked then), and starts it again.
+    receivers = [job for job in walkthrough.jobs if job.is_receiver]
+    assert len(receivers) == 2, [job.command for job in walkthrough.jobs]
+    first, again = receivers
+    assert walkthrough.stopped == [first]
+    sent = walkthrough.sent_since(first)
+    for prefix in ("whd_", "evt_", "conv_"):  # the test ping, simulated events, a postback
+        assert any(value.startswith(prefix) for value in sent), sent
+    # The relay delivered the events emitted after it started (its line says `-> 200`), as
+    # deliveries of their own that the receiver verified.
+    relayed = walkthrough.relayed()
+    assert relayed, [job.output for job in walkthrough.jobs]
+    for event_id in relayed:
+        line = f"deal.completed {event_id} (signature OK) "
+        assert any(line in receiver.output for receiver in receivers), event_id
+    # The receiver started again gets what is sent after it started: the redelivery.
+    assert any(value.startswith("whd_") for value in walkthrough.sent_since(again))
+    walkthrough.assert_received(again, walkthrough.sent_since(again))
 
-    # A normal run logs no error: not while a receiver is down and its deliveries are retried
-    # (the README's last step), nor anywhere before.
-    walkthrough.wait_for_a_retry()
+    # A normal run logs no error: not while a receiver is down and its deliveries are retried,
+    # nor anywhere before.
+    walkthrough.wait_for_a_retry(walkthrough.terminal.value("DELIVERY"))
     assert error_lines(walkthrough.supervisor_log.read_text()) == []
 
 
