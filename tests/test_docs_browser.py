@@ -18,6 +18,9 @@ except ImportError:  # require_browser() says why the tests cannot run, or fails
     expect = None
 
 
+RENDER_MS = 30_000
+
+
 class Offline:
     """Every request a context makes that is not to the server: refused, and remembered."""
 
@@ -49,6 +52,9 @@ def open_docs(browser, browser_server) -> Iterator:
         opened.append((context, problems, offline))
         page = context.new_page()
         page.goto(path)
+        # The placeholder goes when the document has arrived. The server builds the document on
+        # its first request, which under CI's four sessions on two cores took over expect's 5 s.
+        page.locator("[data-loading]").wait_for(state="detached", timeout=RENDER_MS)
         return page
 
     yield open_page
@@ -62,7 +68,9 @@ def test_the_reference_shows_an_operation_and_an_event_offline_without_csp_viola
     open_docs,
 ):
     page = open_docs()
-    expect(page.get_by_role("heading", name="Brand Server-to-Server API")).to_be_visible()
+    expect(page.get_by_role("heading", name="Brand Server-to-Server API")).to_be_visible(
+        timeout=RENDER_MS
+    )
     # The introduction keeps the envelope's and the error codes' tables.
     sidebar = page.get_by_role("complementary")
     sidebar.get_by_role("button", name="Open Group - Introduction").click()
@@ -100,6 +108,7 @@ def test_the_dashboards_link_fills_the_brands_id_into_the_curl_commands(open_doc
     page.get_by_role("button", name="Sign in").click()
     page.get_by_role("link", name=re.compile("API reference")).click()
     expect(page).to_have_url(re.compile(rf"/docs\?brandId={brand}$"))
+    page.locator("[data-loading]").wait_for(state="detached", timeout=RENDER_MS)
     sidebar = page.get_by_role("complementary")
     sidebar.get_by_role("button", name="Open Group - Webhook endpoints").click()
     sidebar.get_by_role("link", name=re.compile("^Send a test ping to an endpoint")).click()
@@ -120,7 +129,9 @@ def test_the_license_link_of_the_document_lands_on_its_section(open_docs, browse
 
 def test_on_a_phone_the_reference_does_not_scroll_sideways(open_docs):
     page = open_docs(viewport=PHONE)
-    expect(page.get_by_role("heading", name="Brand Server-to-Server API")).to_be_visible()
+    expect(page.get_by_role("heading", name="Brand Server-to-Server API")).to_be_visible(
+        timeout=RENDER_MS
+    )
     overflow = page.evaluate(
         "document.documentElement.scrollWidth - document.documentElement.clientWidth"
     )
