@@ -21,8 +21,10 @@ run: $(STAMP)
 	$(BIN)/python scripts/run.py
 
 ## make test: the whole suite (PostgreSQL and Redis on 127.0.0.1 when they answer, else embedded ones)
+## in PYTEST_WORKERS parallel sessions (0: one), each with a database and Redis db of its own
+PYTEST_WORKERS ?= 4
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 ## make screenshots: rerun the browser tests and save docs/screenshots/*.png (needs Chromium)
 screenshots: $(STAMP)

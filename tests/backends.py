@@ -110,8 +110,8 @@ def private_directory(purpose: str) -> Path:
 def open_backends() -> Backends:
     mode = choose()
     pg_user = None if mode == "embedded" else _postgres_user()
-    redis_db = None if mode == "embedded" else _claimable_redis()
-    if mode == "services" and (pg_user is None or redis_db is None):
+    redis_databases = None if mode == "embedded" else _redis_databases()
+    if mode == "services" and (pg_user is None or redis_databases is None):
         raise RuntimeError(
             "BRAND_TEST_BACKENDS=services but PostgreSQL on "
             f"{PG_HOST}:{PG_PORT} or Redis on {REDIS_HOST}:{REDIS_PORT} is not reachable"
@@ -126,8 +126,8 @@ def open_backends() -> Backends:
             postgres = start_embedded_postgres(cleanups)
             postgres_kind = "embedded"
         database_url = create_database(postgres, cleanups)
-        if redis_db is not None:
-            redis_url = _claim_redis_db(redis_db, cleanups)
+        if redis_databases is not None:
+            redis_url = _claim_redis_db(redis_databases, cleanups)
             redis_kind = "server"
         else:
             redis_server = _start_embedded_redis(cleanups)
@@ -262,34 +262,37 @@ def _pg_dsn(user: str, dbname: str) -> str:
     return f"host={PG_HOST} port={PG_PORT} user={user} dbname={dbname}"
 
 
-def _claimable_redis() -> int | None:
-    """The highest-numbered empty Redis db, or None when Redis does not answer."""
+def _redis_databases() -> int | None:
+    """How many dbs the machine's Redis has, or None when it does not answer."""
     try:
         probe = redis.Redis(host=REDIS_HOST, port=REDIS_PORT, socket_connect_timeout=2)
         probe.ping()
         # redis-py types a reply of its synchronous client as possibly awaitable.
-        databases = int(probe.config_get("databases").get("databases", 16))  # type: ignore[union-attr]
+        return int(probe.config_get("databases").get("databases", 16))  # type: ignore[union-attr]
     except redis.RedisError:
         return None
-    for number in range(databases - 1, 0, -1):
-        if redis.Redis(host=REDIS_HOST, port=REDIS_PORT, db=number).dbsize() == 0:
-            return number
-    return None
 
 
-def _claim_redis_db(number: int, cleanups: list) -> str:
-    client = redis.Redis(host=REDIS_HOST, port=REDIS_PORT, db=number)
+def _claim_redis_db(databases: int, cleanups: list) -> str:
+    """The highest-numbered empty db, claimed with a key of ours; sessions starting together
+    (pytest-xdist's workers, a teammate's run) each take a different one."""
     token = f"{os.getpid()}:{uuid.uuid4()}"
-    if not client.set(CLAIM_KEY, token, nx=True) or client.dbsize() != 1:
-        raise RuntimeError(f"Redis db {number} was taken while claiming it; run the tests again")
+    for number in range(databases - 1, 0, -1):
+        client = redis.Redis(host=REDIS_HOST, port=REDIS_PORT, db=number)
+        if client.dbsize() != 0 or not client.set(CLAIM_KEY, token, nx=True):
+            continue
+        if client.dbsize() != 1:  # something else wrote there meanwhile: not ours to flush
+            client.delete(CLAIM_KEY)
+            continue
 
-    def release() -> None:
-        # Ours since we claimed it empty; flush only while our claim still stands.
-        if client.get(CLAIM_KEY) == token.encode():
-            client.flushdb()
+        def release(client: redis.Redis = client) -> None:
+            # Ours since we claimed it empty; flush only while our claim still stands.
+            if client.get(CLAIM_KEY) == token.encode():
+                client.flushdb()
 
-    cleanups.append(release)
-    return f"redis://{REDIS_HOST}:{REDIS_PORT}/{number}"
+        cleanups.append(release)
+        return f"redis://{REDIS_HOST}:{REDIS_PORT}/{number}"
+    raise RuntimeError(f"every Redis db on {REDIS_HOST}:{REDIS_PORT} is in use by another run")
 
 
 def _start_embedded_redis(cleanups: list) -> EmbeddedRedis:

@@ -26,6 +26,7 @@ TEST_ENCRYPTION_KEY = "dGVzdC1lbmNyeXB0aW9uLWtleS0zMi1ieXRlcyEhISE="
 
 
 OPENED_BACKENDS = pytest.StashKey[Backends]()
+_WORKER_BACKENDS = pytest.StashKey[set[str]]()
 
 
 @pytest.fixture(scope="session")
@@ -64,6 +65,7 @@ def app_environ(backends) -> dict[str, str]:
         # Every test's browser is 127.0.0.1 and the count lives in Redis for a minute: the
         # tests of sign-in throttling use the default on addresses of their own.
         "SIGN_IN_FAILURES_PER_ADDRESS": "100000/minute",
+        "SIGN_IN_FAILURES_GLOBAL": "100000/minute",
     }
 
 
@@ -153,16 +155,36 @@ def read_key(brand, make_key) -> str:
 
 @pytest.fixture(scope="session", autouse=True)
 def _announce_backends(request) -> None:
-    """Say in the run's output which database and Redis the suite really used."""
+    """Say in the run's output which database and Redis the suite really used (under
+    pytest-xdist each worker session has its own; the controller prints what they said)."""
     if "app" not in {name for item in request.session.items for name in item.fixturenames}:
         return
     backends = request.getfixturevalue("backends")
+    line = f"backends: postgresql={backends.postgres_kind} redis={backends.redis_kind}"
+    worker_output = getattr(request.config, "workeroutput", None)
+    if worker_output is not None:
+        worker_output["backends"] = line
+        return
     capture = request.config.pluginmanager.getplugin("capturemanager")
     with capture.global_and_fixture_disabled():
-        print(
-            f"\nbackends: postgresql={backends.postgres_kind} redis={backends.redis_kind}",
-            flush=True,
-        )
+        print(f"\n{line}", flush=True)
+
+
+def pytest_configure(config) -> None:
+    config.stash[_WORKER_BACKENDS] = set()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """pytest-xdist's controller: a worker session ended; keep what it said it used."""
+    line = getattr(node, "workeroutput", {}).get("backends")
+    if line:
+        node.config.stash[_WORKER_BACKENDS].add(line)
+
+
+def pytest_terminal_summary(terminalreporter, config) -> None:
+    for line in sorted(config.stash.get(_WORKER_BACKENDS, set())):
+        terminalreporter.write_line(f"{line} (every worker session)")
 
 
 @pytest.fixture

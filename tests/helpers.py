@@ -2,6 +2,19 @@
 
 from __future__ import annotations
 
+# Every webhook event's body, as SPEC's envelope and CONTRACT 12 give it: these keys in this
+# order, no others.
+EVENT_ENVELOPE_KEYS = [
+    "id",
+    "type",
+    "createdAt",
+    "brandId",
+    "apiVersion",
+    "subject",
+    "sequence",
+    "data",
+]
+
 
 def assert_error(response, status: int, error_code: str, message: str | None = None) -> dict:
     """The SPEC error envelope, with the request id echoed in the header."""
