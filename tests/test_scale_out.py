@@ -49,7 +49,10 @@ def test_two_api_processes_and_three_workers_deliver_a_backlog_once_each(
     app, app_environ, client, make_brand, make_key, tmp_path
 ):
     receiver = Receiver()
-    receiver.default = Reply(delay=0.02)
+    # Answers wait at this gate until every worker holds attempts: a worker whose interpreter
+    # starts late on a loaded machine would otherwise find the backlog already delivered.
+    gate = threading.Event()
+    receiver.default = Reply(delay=0.02, hold=gate)
     servers: list[ServerProcess] = []
     workers: list[WorkerProcess] = []
     try:
@@ -96,6 +99,17 @@ def test_two_api_processes_and_three_workers_deliver_a_backlog_once_each(
                     WEBHOOK_CONCURRENCY="8",
                 )
             )
+        # Three workers of 8 slots fill the 12 endpoints' 2 slots each: 24 requests held at
+        # the gate are 8 from every worker.
+        for worker in workers:
+            worker.wait_started()
+        poll(
+            lambda: len(receiver.received),
+            lambda count: count >= 3 * 8,
+            timeout=30,
+            what="every worker's first attempts",
+        )
+        gate.set()
         # Midway, one worker dies without a word.
         poll(
             lambda: len(receiver.received),
