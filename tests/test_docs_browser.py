@@ -52,8 +52,8 @@ def open_docs(browser, browser_server) -> Iterator:
         opened.append((context, problems, offline))
         page = context.new_page()
         page.goto(path)
-        # The placeholder goes when the document has arrived. The server builds the document on
-        # its first request, which under CI's four sessions on two cores took over expect's 5 s.
+        # The placeholder goes once Scalar's bundle has run and the document has arrived: under
+        # CI's four sessions on two cores, Chromium took over expect's 5 s to get there.
         page.locator("[data-loading]").wait_for(state="detached", timeout=RENDER_MS)
         return page
 
