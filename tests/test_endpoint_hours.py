@@ -11,7 +11,6 @@ from datetime import timedelta
 from flask_migrate import downgrade, upgrade
 from sqlalchemy import insert, select, text
 
-from app import create_app
 from extensions import db
 from models import EndpointHour, WebhookAttempt
 from models.columns import utcnow
@@ -19,8 +18,8 @@ from services.endpoint_stats import attempt_figures, counted_figures
 from services.events import publish_event
 from services.retention import delete_expired_deliveries
 from services.webhook_endpoints import current_url_policy, register_endpoint
-from tests.backends import scratch_database
 from tests.helpers import assert_success
+from tests.scratch_schema import insert_brand_with_endpoints, migrated_to
 
 WINDOW = timedelta(hours=24)
 
@@ -143,45 +142,36 @@ def test_retention_drops_the_hours_no_window_reads(app, brand):
 
 
 def test_the_migration_counts_the_attempts_already_made_and_goes_down(app_environ, backends):
-    with scratch_database(backends) as url:
-        scratch = create_app({**app_environ, "DATABASE_URL": url})
-        with scratch.app_context():
-            upgrade(revision="0014")
-            with db.engine.begin() as connection:
-                for statement in (
-                    "INSERT INTO brands VALUES ('brd_m', 'Mig', 'growth', 'verified', now(),"
-                    " now(), now())",
-                    "INSERT INTO webhook_endpoints (id, brand_id, url, events,"
-                    " secret_ciphertext, consecutive_failures, created_at, updated_at)"
-                    " VALUES ('whe_m', 'brd_m', 'https://example.com/h', '[]', 'x', 0, now(),"
-                    " now())",
-                    "INSERT INTO webhook_events (id, brand_id, name, body, created_at,"
-                    " subject_type, subject_id, sequence) VALUES ('evt_m', 'brd_m',"
-                    " 'deal.completed', '{}', now(), 'event', 'evt_m', 1)",
-                    "INSERT INTO webhook_deliveries (id, brand_id, endpoint_id, event_id,"
-                    " event_name, status, attempt_count, created_at) VALUES ('whd_m', 'brd_m',"
-                    " 'whe_m', 'evt_m', 'deal.completed', 'delivered', 4, now())",
-                    # Two failures and a success this hour; one a week ago, counted nowhere.
+    with migrated_to(app_environ, backends, "0014"):
+        with db.engine.begin() as connection:
+            insert_brand_with_endpoints(connection)
+            for statement in (
+                "INSERT INTO webhook_events (id, brand_id, name, body, created_at,"
+                " subject_type, subject_id, sequence) VALUES ('evt_m', 'brd_m',"
+                " 'deal.completed', '{}', now(), 'event', 'evt_m', 1)",
+                "INSERT INTO webhook_deliveries (id, brand_id, endpoint_id, event_id,"
+                " event_name, status, attempt_count, created_at) VALUES ('whd_m', 'brd_m',"
+                " 'whe_m', 'evt_m', 'deal.completed', 'delivered', 4, now())",
+                # Two failures and a success this hour; one a week ago, counted nowhere.
+                "INSERT INTO webhook_attempts (delivery_id, endpoint_id, attempt_number,"
+                " requested_at, duration_ms, error, request_headers)"
+                " SELECT 'whd_m', 'whe_m', n, CASE n WHEN 1 THEN now() - interval '7 days'"
+                " ELSE date_trunc('hour', now()) + (n || ' seconds')::interval END, 10,"
+                " CASE WHEN n < 4 THEN 'HTTP 500' END, '{}' FROM generate_series(1, 4) n",
+            ):
+                connection.execute(text(statement))
+        upgrade(revision="0015")
+        with db.engine.begin() as connection:
+            hours = connection.execute(
+                text("SELECT attempts, succeeded FROM webhook_endpoint_hours")
+            ).all()
+            assert [tuple(row) for row in hours] == [(3, 1)]
+        downgrade(revision="0014")
+        with db.engine.begin() as connection:
+            connection.execute(
+                text(
                     "INSERT INTO webhook_attempts (delivery_id, endpoint_id, attempt_number,"
-                    " requested_at, duration_ms, error, request_headers)"
-                    " SELECT 'whd_m', 'whe_m', n, CASE n WHEN 1 THEN now() - interval '7 days'"
-                    " ELSE date_trunc('hour', now()) + (n || ' seconds')::interval END, 10,"
-                    " CASE WHEN n < 4 THEN 'HTTP 500' END, '{}' FROM generate_series(1, 4) n",
-                ):
-                    connection.execute(text(statement))
-            upgrade(revision="0015")
-            with db.engine.begin() as connection:
-                hours = connection.execute(
-                    text("SELECT attempts, succeeded FROM webhook_endpoint_hours")
-                ).all()
-                assert [tuple(row) for row in hours] == [(3, 1)]
-            downgrade(revision="0014")
-            with db.engine.begin() as connection:
-                connection.execute(
-                    text(
-                        "INSERT INTO webhook_attempts (delivery_id, endpoint_id, attempt_number,"
-                        " requested_at, duration_ms, request_headers) VALUES ('whd_m', 'whe_m',"
-                        " 5, now(), 10, '{}')"
-                    )
+                    " requested_at, duration_ms, request_headers) VALUES ('whd_m', 'whe_m',"
+                    " 5, now(), 10, '{}')"
                 )
-            db.engine.dispose()
+            )
