@@ -70,6 +70,20 @@ def isolated_env(state_dir: Path, port: int) -> dict[str, str]:
     return env
 
 
+def run_to_its_end(state_dir: Path, port: int, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`make run` on `port` where it is expected to refuse: it runs to its end, output kept."""
+    return subprocess.run(
+        [sys.executable, str(RUN_SCRIPT)],
+        cwd=cwd,
+        env=isolated_env(state_dir, port),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=START_TIMEOUT,
+        check=False,
+    )
+
+
 def http(method: str, url: str, *, headers=None, body=None) -> tuple[int, object]:
     response = requests.request(method, url, headers=headers, json=body, timeout=10)
     return response.status_code, response.json()
@@ -492,16 +506,7 @@ def test_a_second_make_run_names_the_one_running_instead_of_another_port(
     says that this checkout's `make run` is running, where, and how to stop it."""
     first = launch(isolated_env(state_dir, free_port()), name="first")
     for port in (first.port, free_port()):
-        second = subprocess.run(
-            [sys.executable, str(RUN_SCRIPT)],
-            cwd=tmp_path,
-            env=isolated_env(state_dir, port),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=START_TIMEOUT,
-            check=False,
-        )
+        second = run_to_its_end(state_dir, port, tmp_path)
         assert second.returncode == 1, second
         said = second.stderr.strip()
         assert said == (
@@ -521,16 +526,7 @@ def test_a_port_another_program_holds_gets_a_free_port_that_works(
         other_program.bind(("127.0.0.1", 0))
         other_program.listen()
         port = other_program.getsockname()[1]
-        refused = subprocess.run(
-            [sys.executable, str(RUN_SCRIPT)],
-            cwd=tmp_path,
-            env=isolated_env(state_dir, port),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=START_TIMEOUT,
-            check=False,
-        )
+        refused = run_to_its_end(state_dir, port, tmp_path)
         assert refused.returncode == 1, refused
         assert f"127.0.0.1:{port} is in use by another program" in refused.stderr
         suggested = re.search(r"use another port: PORT=(\d+) make run$", refused.stderr.strip())
