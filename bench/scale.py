@@ -442,7 +442,9 @@ def run(args, workdir: Path, processes: Processes) -> dict:
                     result["storage"] = storage(conn)
             updates = sum(d["updates"] for d in result["drain"].values())
             hot = sum(d["hot_updates"] for d in result["drain"].values())
-            result["storage"]["hot_share"] = round(hot / updates, 3) if updates else None
+            result.setdefault("storage", {})["hot_share"] = (
+                round(hot / updates, 3) if updates else None
+            )
             took = seed(
                 conn,
                 SEED_SQL[:1] + LOG_SQL,
