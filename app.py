@@ -72,6 +72,7 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
     db.init_app(app)
     with app.app_context():
         event.listen(db.engine, "do_connect", _name_connection)
+        event.listen(db.engine, "connect", _turn_jit_off)
     migrate.init_app(app, db, directory=migrations)
     app.register_blueprint(register_routes())
     app.register_blueprint(register_dashboard())
@@ -95,6 +96,15 @@ def _name_connection(dialect, connection_record, cargs, cparams) -> None:
     # A dead peer noticed in seconds (services/connections.py).
     for name, value in KEEPALIVES.items():
         cparams.setdefault(name, value)
+
+
+def _turn_jit_off(dbapi_connection, connection_record) -> None:
+    # Our statements are short; PostgreSQL's JIT only adds to them. Past its cost threshold (a
+    # claim over 100 endpoints with 1M deliveries queued) it compiled for 90 ms to run a 6 ms
+    # claim (docs/benchmarks.md). A SET, not a startup option, so that poolers pass it.
+    with dbapi_connection.cursor() as cursor:
+        cursor.execute("SET jit = off")
+    dbapi_connection.commit()
 
 
 def _take_work_slot() -> None:

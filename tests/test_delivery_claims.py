@@ -486,3 +486,19 @@ def test_a_delivery_refused_by_a_healthy_endpoint_keeps_its_retry_schedule(app, 
         record([(refused, outcome(500, "HTTP 500"))])
         record([(other, outcome())])
         assert queued(refused.delivery_id).next_attempt_at > utcnow() + timedelta(seconds=50)
+
+
+def test_no_statement_of_the_app_pays_for_jit_compilation(app, endpoint_with_backlog):
+    """PostgreSQL compiles a statement whose estimate passes `jit_above_cost`: a claim over a
+    backlog of a million spent 90 ms compiling to run for 6 (docs/benchmarks.md). Every
+    connection of the app's engine, the delivery loop's included, has JIT off: even with every
+    threshold at 0, a statement over the queue is planned without it."""
+    with app.app_context(), db.engine.connect() as connection:
+        for threshold in ("jit_above_cost", "jit_inline_above_cost", "jit_optimize_above_cost"):
+            connection.exec_driver_sql(f"SET {threshold} = 0")
+        plan = connection.exec_driver_sql(
+            "EXPLAIN (ANALYZE, FORMAT JSON) SELECT endpoint_id, min(next_attempt_at)"
+            " FROM webhook_delivery_queue GROUP BY endpoint_id"
+        ).scalar_one()[0]
+        connection.rollback()
+    assert "JIT" not in plan, plan["JIT"]
