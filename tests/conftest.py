@@ -16,7 +16,7 @@ from services.api_keys import create_api_key
 from services.bootstrap_tokens import issue_bootstrap_token
 from services.brands import create_brand
 from tests.backends import Backends, open_backends
-from tests.browser import Problems, launched_chromium, require_browser
+from tests.browser import Problems, launched_chromium, open_context, require_browser
 from tests.receiver import Receiver
 from tests.server_process import ServerProcess
 from tests.worker_process import WorkerProcess
@@ -226,3 +226,21 @@ def browser_server(browser, app, app_environ) -> Iterator[ServerProcess]:
     process = ServerProcess(app_environ, workers=1, threads=4)
     yield process
     process.stop()
+
+
+@pytest.fixture
+def no_js(browser, browser_server, problems) -> Iterator:
+    """A browser context on the server with JavaScript off; its console checked at the end."""
+    context = open_context(browser, browser_server.url, problems, javascript=False)
+    yield context
+    context.close()
+    problems.assert_none()
+
+
+@pytest.fixture
+def with_js(browser, browser_server, problems) -> Iterator:
+    """The same with JavaScript on."""
+    context = open_context(browser, browser_server.url, problems, javascript=True)
+    yield context
+    context.close()
+    problems.assert_none()

@@ -95,14 +95,6 @@ def with_clipboard(browser, browser_server, problems) -> Iterator:
     problems.assert_none()
 
 
-@pytest.fixture
-def no_js(browser, browser_server, problems) -> Iterator:
-    context = open_context(browser, browser_server.url, problems, javascript=False)
-    yield context
-    context.close()
-    problems.assert_none()
-
-
 def test_copy_as_curl_puts_the_pages_command_on_the_clipboard(app, with_clipboard, brand, read_key):
     delivery_id = answered_delivery(app, brand)
     page = with_clipboard.new_page()

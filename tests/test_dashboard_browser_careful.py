@@ -8,7 +8,6 @@ sideways.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -34,22 +33,6 @@ except ImportError:  # require_browser() says why the tests cannot run, or fails
 API_KEY = re.compile(r"svc_live_[0-9A-Za-z]{20,}")
 LOCAL = UrlPolicy(https_only=False, allow_local=True)
 DOWN_URL = "http://127.0.0.1:9/orders/webhooks"
-
-
-@pytest.fixture
-def no_js(browser, browser_server, problems) -> Iterator:
-    context = open_context(browser, browser_server.url, problems, javascript=False)
-    yield context
-    context.close()
-    problems.assert_none()
-
-
-@pytest.fixture
-def with_js(browser, browser_server, problems) -> Iterator:
-    context = open_context(browser, browser_server.url, problems, javascript=True)
-    yield context
-    context.close()
-    problems.assert_none()
 
 
 def deliveries_of(app, endpoint_id: str) -> int:
