@@ -92,11 +92,14 @@ def test_two_api_processes_and_three_workers_deliver_a_backlog_once_each(
             directories.append(directory)
             # Eight attempts at a time each: no worker can hold every endpoint's slots, so
             # the work is shared (with room for all, one fast worker may rightly do it alone).
+            # The timeout outlasts the gate: an attempt that timed out while held there would
+            # be sent again and counted as a duplicate the kill did not cause.
             workers.append(
                 WorkerProcess(
                     app_environ,
                     PROMETHEUS_MULTIPROC_DIR=str(directory),
                     WEBHOOK_CONCURRENCY="8",
+                    WEBHOOK_TIMEOUT="20",
                 )
             )
         # Three workers of 8 slots fill the 12 endpoints' 2 slots each: 24 requests held at
@@ -106,7 +109,7 @@ def test_two_api_processes_and_three_workers_deliver_a_backlog_once_each(
         poll(
             lambda: len(receiver.received),
             lambda count: count >= 3 * 8,
-            timeout=30,
+            timeout=15,  # within the attempts' timeout
             what="every worker's first attempts",
         )
         gate.set()
