@@ -53,9 +53,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import (  # noqa: E402
-    BENCH_ENCRYPTION_KEY,
     HttpRequests,
     Processes,
+    app_settings,
     free_port,
     log,
     run_benchmark,
@@ -292,14 +292,7 @@ def run(workdir: Path, processes: Processes, args) -> dict:
 
     postgres, redis_server = PrivatePostgres(), PrivateRedis()
     try:
-        environ = {
-            "APP_ENV": "test",
-            "DATABASE_URL": postgres.url,
-            "REDIS_URL": redis_server.url,
-            "SECRET_KEY": "bench",
-            "ENCRYPTION_KEY": BENCH_ENCRYPTION_KEY,
-            "PATH": "/usr/bin:/bin",
-        }
+        environ = {**app_settings(postgres.url, redis_server.url), "PATH": "/usr/bin:/bin"}
         postgres.migrate(environ)
         app = create_app(environ)
         worker_env = {

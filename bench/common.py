@@ -25,6 +25,22 @@ ROUNDS = 25
 BENCH_ENCRYPTION_KEY = "YmVuY2gtZW5jcnlwdGlvbi1rZXktMzItYnl0ZXMhISE="
 
 
+def app_settings(database_url: str, redis_url: str, app_env: str = "test") -> dict[str, str]:
+    """The app's settings on a bench's backends, alike for its own create_app and its children."""
+    return {
+        "APP_ENV": app_env,
+        "DATABASE_URL": database_url,
+        "REDIS_URL": redis_url,
+        "SECRET_KEY": "bench",
+        "ENCRYPTION_KEY": BENCH_ENCRYPTION_KEY,
+    }
+
+
+def child_environ(settings: dict[str, str]) -> dict[str, str]:
+    """`settings` as the whole environment of a child process that imports the project."""
+    return {**settings, "PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(ROOT)}
+
+
 def median_ms(run: Callable[[], object], rounds: int = ROUNDS) -> float:
     """Median wall time of `run` in milliseconds, after one warm-up call."""
     run()
@@ -62,15 +78,7 @@ def migrated_app_on_postgresql(prefix: str) -> Iterator[tuple[object, str]]:
 
     backends = open_backends()
     try:
-        app = create_app(
-            {
-                "APP_ENV": "test",
-                "DATABASE_URL": backends.database_url,
-                "REDIS_URL": backends.redis_url,
-                "SECRET_KEY": "bench",
-                "ENCRYPTION_KEY": BENCH_ENCRYPTION_KEY,
-            }
-        )
+        app = create_app(app_settings(backends.database_url, backends.redis_url))
         with app.app_context():
             upgrade()
         yield app, backends.database_url.replace("postgresql+psycopg://", "postgresql://")

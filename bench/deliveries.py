@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import json
 import os
 import signal
@@ -40,6 +39,8 @@ sys.path.insert(0, str(ROOT))
 from bench.common import (  # noqa: E402
     HttpRequests,
     Processes,
+    app_settings,
+    child_environ,
     log,
     percentile,
     run_benchmark,
@@ -370,14 +371,8 @@ def run(args, workdir: Path, processes: Processes) -> dict:
     try:
         if backends.redis_kind != "server":
             raise RuntimeError("this benchmark needs a Redis server")
-        env = {
-            "APP_ENV": "test",
-            "DATABASE_URL": backends.database_url,
-            "REDIS_URL": backends.redis_url,
-            "SECRET_KEY": "bench-secret-key",
-            "ENCRYPTION_KEY": base64.urlsafe_b64encode(b"x" * 32).decode(),
-        }
-        child_env = {**env, "PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(ROOT)}
+        env = app_settings(backends.database_url, backends.redis_url)
+        child_env = child_environ(env)
         receiver_url = start_receiver(processes)
         control = Control(receiver_url)
         app = create_app(env)

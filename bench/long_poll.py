@@ -56,10 +56,10 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (
-    BENCH_ENCRYPTION_KEY,
     ROOT,
     HttpRequests,
     Processes,
+    app_settings,
     free_port,
     log,
     percentile,
@@ -114,11 +114,7 @@ def _measure(arguments, workdir, processes, backends) -> dict:
     env = {
         "PATH": os.environ["PATH"],
         "HOME": os.environ.get("HOME", str(workdir)),
-        "APP_ENV": "development",
-        "DATABASE_URL": backends.database_url,
-        "REDIS_URL": backends.redis_url,
-        "SECRET_KEY": "bench",
-        "ENCRYPTION_KEY": BENCH_ENCRYPTION_KEY,
+        **app_settings(backends.database_url, backends.redis_url, "development"),
         "PORT": str(port),
         "RUN_STATE_DIR": str(workdir / "run-state"),
         "PYTHONUNBUFFERED": "1",
@@ -591,15 +587,7 @@ def _wait_until_serving(base: str, supervisor, processes: Processes) -> None:
 def _app(backends):
     from app import create_app
 
-    return create_app(
-        {
-            "APP_ENV": "development",
-            "DATABASE_URL": backends.database_url,
-            "REDIS_URL": backends.redis_url,
-            "SECRET_KEY": "bench",
-            "ENCRYPTION_KEY": BENCH_ENCRYPTION_KEY,
-        }
-    )
+    return create_app(app_settings(backends.database_url, backends.redis_url, "development"))
 
 
 def _brand_keys_and_newest_event(app, count: int) -> tuple[str, list[str], str]:

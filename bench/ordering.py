@@ -47,9 +47,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import (  # noqa: E402
-    BENCH_ENCRYPTION_KEY,
     HttpRequests,
     Processes,
+    app_settings,
+    child_environ,
     free_port,
     log,
     percentile,
@@ -449,17 +450,11 @@ def run(workdir: Path, processes: Processes, args) -> dict:
         for ordering in ORDERINGS:
             backends = open_backends()
             opened.append(backends)
-            env = {
-                "APP_ENV": "test",
-                "DATABASE_URL": backends.database_url,
-                "REDIS_URL": backends.redis_url,
-                "SECRET_KEY": "bench",
-                "ENCRYPTION_KEY": BENCH_ENCRYPTION_KEY,
-            }
+            env = app_settings(backends.database_url, backends.redis_url)
             app = create_app(env)
             with app.app_context():
                 upgrade()
-            child_env = {**env, "PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(ROOT)}
+            child_env = child_environ(env)
             conninfo = backends.database_url.replace("postgresql+psycopg://", "postgresql://")
             sides.append(Side(ordering, app, child_env, conninfo))
         endpoint_concurrency = sides[0].app.extensions["settings"].webhook_endpoint_concurrency

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import json
 import os
 import signal
@@ -44,6 +43,8 @@ sys.path.insert(0, str(ROOT))
 from bench.common import (  # noqa: E402
     HttpRequests,
     Processes,
+    app_settings,
+    child_environ,
     exit_on_sigterm,
     log,
     percentile,
@@ -361,14 +362,8 @@ class Bench:
 
         backends = open_backends()
         try:
-            env = {
-                "APP_ENV": "test",
-                "DATABASE_URL": backends.database_url,
-                "REDIS_URL": backends.redis_url,
-                "SECRET_KEY": "bench-secret-key",
-                "ENCRYPTION_KEY": base64.urlsafe_b64encode(b"x" * 32).decode(),
-            }
-            self.child_env = {**env, "PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(ROOT)}
+            env = app_settings(backends.database_url, backends.redis_url)
+            self.child_env = child_environ(env)
             receiver = self.processes.start(
                 "receiver",
                 [sys.executable, str(Path(__file__).resolve()), "--receiver"],
