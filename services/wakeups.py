@@ -68,6 +68,7 @@ class WakeupListener:
         self._subscribers: list[Subscriber] = []
         self._lock = threading.Lock()
         self._listening = threading.Event()
+        self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="wakeup-listener", daemon=True)
         self._thread.start()
 
@@ -87,6 +88,12 @@ class WakeupListener:
         """True once the listener is connected and LISTENing (tests, start-up)."""
         return self._listening.wait(timeout)
 
+    def stop(self) -> None:
+        """Listen no more and say nothing of the connection's end (a test session about to drop
+        its database). Returns at once: the thread ends when its connection next answers or
+        fails, within HEALTH_CHECK_SECONDS."""
+        self._stopping.set()
+
     def _tell(self, brand_ids: frozenset[str] | None) -> None:
         with self._lock:
             subscribers = list(self._subscribers)
@@ -98,7 +105,7 @@ class WakeupListener:
 
     def _run(self) -> None:
         pause = 0.2
-        while True:
+        while not self._stopping.is_set():
             try:
                 with psycopg.connect(
                     psycopg.conninfo.make_conninfo(
@@ -113,8 +120,11 @@ class WakeupListener:
                     # (long-poll waiters included), as after any reconnection.
                     self._tell(None)
                     self._listen(connection)
+                    self._listening.clear()  # stopped, before the connection closes
             except Exception as error:
                 self._listening.clear()
+                if self._stopping.is_set():
+                    return
                 log.warning(
                     "wake-up listener lost its connection (%s); reconnecting in %gs",
                     type(error).__name__,
@@ -128,7 +138,7 @@ class WakeupListener:
         """Pass on notifications until the connection fails. When none came for a while, the
         connection is asked something, under a deadline: one gone half-open (a failover, a
         network that dropped it silently) answers nothing, and is then shut and replaced."""
-        while True:
+        while not self._stopping.is_set():
             for notify in connection.notifies(timeout=HEALTH_CHECK_SECONDS):
                 self._tell(frozenset(notify.payload.split()))
             with shut_if_stuck(connection, HEALTH_CHECK_DEADLINE_SECONDS):
@@ -158,6 +168,15 @@ def listener_for(app: Flask | None = None) -> WakeupListener:
         if listener is None:
             listener = _listeners[conninfo] = WakeupListener(conninfo)
         return listener
+
+
+def stop_listeners() -> None:
+    """Stop every listener of this process; the next `listener_for` starts a new one."""
+    with _listeners_lock:
+        stopping = list(_listeners.values())
+        _listeners.clear()
+    for listener in stopping:
+        listener.stop()
 
 
 def _fresh_after_fork() -> None:

@@ -15,6 +15,7 @@ from extensions import db
 from services.api_keys import create_api_key
 from services.bootstrap_tokens import issue_bootstrap_token
 from services.brands import create_brand
+from services.wakeups import stop_listeners
 from tests.backends import Backends, open_backends
 from tests.browser import Problems, launched_chromium, open_context, require_browser
 from tests.receiver import Receiver
@@ -75,6 +76,9 @@ def app(app_environ) -> Iterator[Flask]:
     with application.app_context():
         upgrade()  # the migrations, not create_all: every run tests them on its database
     yield application
+    # Before the session drops its database under it: a listener left running would log its
+    # lost connection, again and again, until the last xdist session ends.
+    stop_listeners()
     with application.app_context():
         db.engine.dispose()
 

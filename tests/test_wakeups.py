@@ -5,14 +5,17 @@ rolled-back one reaches nobody; a listener that loses its connection tells its s
 
 from __future__ import annotations
 
+import logging
+import os
 import queue
+import time
 
 import psycopg
 import pytest
 
 from extensions import db
 from services.events import publish_event
-from services.wakeups import WakeupListener, conninfo_for
+from services.wakeups import HEALTH_CHECK_SECONDS, WakeupListener, conninfo_for
 
 
 @pytest.fixture
@@ -21,7 +24,8 @@ def listener(app):
         conninfo = conninfo_for(db.engine)
     listener = WakeupListener(conninfo)
     assert listener.wait_listening(10)
-    return listener
+    yield listener
+    listener.stop()
 
 
 def _heard(listener) -> queue.Queue:
@@ -92,3 +96,30 @@ def test_a_listener_whose_connection_dies_says_so_and_listens_again(app, brand, 
         publish_event(brand_id=brand, name="deal.completed", data={"dealId": "deal_1"})
         db.session.commit()
     assert any(item and brand in item for item in _drain(heard, 5))
+
+
+def test_a_stopped_listener_closes_its_connection_without_a_word(app, caplog):
+    with app.app_context():
+        conninfo = conninfo_for(db.engine)
+
+    def listening_backends() -> set[int]:
+        with psycopg.connect(conninfo) as admin:
+            rows = admin.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = %s",
+                (f"brand-api pid={os.getpid()} listener",),
+            )
+            return {pid for (pid,) in rows}
+
+    others = listening_backends()
+    listener = WakeupListener(conninfo)
+    assert listener.wait_listening(10)
+    # Listeners of earlier tests may still be ending: theirs can only leave the set.
+    [own] = listening_backends() - others
+    caplog.set_level(logging.WARNING, logger="brand_api.wakeups")
+    listener.stop()
+    deadline = time.monotonic() + HEALTH_CHECK_SECONDS + 5
+    while own in listening_backends() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert own not in listening_backends()
+    assert not listener.wait_listening(0)
+    assert not [record for record in caplog.records if "lost its connection" in record.message]
