@@ -23,6 +23,7 @@ from services.postbacks import Postback, record_postback
 from services.webhook_endpoints import register_endpoint
 from tests.browser import PHONE, open_context, open_fold, sign_in_with_key
 from tests.dashboard import SIGNING_SECRET
+from tests.delivery_states import wait_for_a_retry
 from tests.test_platform_changes import Platform
 
 try:
@@ -335,16 +336,7 @@ def test_an_endpoint_is_ordered_filtered_and_its_waiting_retries_sent_now(
         [delivery_id] = publish_event(
             brand_id=brand, name="deal.completed", data={"id": "deal_1"}
         ).delivery_ids
-        db.session.execute(  # its first attempt failed; the retry is an hour away
-            update(QueuedDelivery)
-            .where(QueuedDelivery.delivery_id == delivery_id)
-            .values(attempt_count=1, next_attempt_at=later)
-        )
-        db.session.execute(
-            update(WebhookDelivery)
-            .where(WebhookDelivery.id == delivery_id)
-            .values(attempt_count=1, next_attempt_at=later, last_error="Connection refused")
-        )
+        wait_for_a_retry([delivery_id], later, last_error="Connection refused")
         db.session.commit()
         db.session.remove()
     page = with_js.new_page()

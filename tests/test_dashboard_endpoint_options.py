@@ -6,14 +6,15 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 
 from extensions import db
-from models import QueuedDelivery, WebhookDelivery, WebhookEndpoint
+from models import QueuedDelivery, WebhookEndpoint
 from models.columns import utcnow
 from services.events import publish_event
 from services.webhook_endpoints import current_url_policy, register_endpoint
 from tests.dashboard import htmx, sign_in
+from tests.delivery_states import wait_for_a_retry
 from tests.test_platform_changes import Platform
 
 HOOK = "http://127.0.0.1:9/hooks"
@@ -144,7 +145,6 @@ def test_the_endpoint_page_shows_and_edits_ordering_and_campaigns(app, client, b
 def _waiting_for_a_retry(app, brand: str, count: int) -> list[str]:
     """`count` deliveries to the brand's endpoint whose first attempt failed, their retry an hour
     away (as a worker leaves them after a 500 with an hour's schedule)."""
-    later = utcnow() + timedelta(hours=1)
     with app.app_context():
         ids = [
             publish_event(
@@ -152,16 +152,7 @@ def _waiting_for_a_retry(app, brand: str, count: int) -> list[str]:
             ).delivery_ids[0]
             for n in range(count)
         ]
-        db.session.execute(
-            update(QueuedDelivery)
-            .where(QueuedDelivery.delivery_id.in_(ids))
-            .values(attempt_count=1, next_attempt_at=later)
-        )
-        db.session.execute(
-            update(WebhookDelivery)
-            .where(WebhookDelivery.id.in_(ids))
-            .values(attempt_count=1, next_attempt_at=later, http_status=500)
-        )
+        wait_for_a_retry(ids, utcnow() + timedelta(hours=1), http_status=500)
         db.session.commit()
     return ids
 

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 from rq import Worker
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select
 
 from extensions import db
-from models import QueuedDelivery, WebhookDelivery, WebhookEvent
+from models import WebhookDelivery, WebhookEvent
 from models.columns import utcnow
 from models.event_catalog import EVENT_NAMES, sample_data
 from services.events import publish_event
-from tests.delivery_states import settle
+from tests.delivery_states import settle, wait_for_a_retry
 from tests.helpers import assert_success
 from tests.worker_process import WorkerProcess
 from workers.connection import redis_connection
@@ -322,17 +322,9 @@ def test_recover_prints_how_many_failures_it_queued_again(app, runner, brand, wr
 def wait_for_a_retry_in_an_hour(app, delivery_id: str) -> None:
     """The delivery's first attempt failed and its retry is an hour away (as the worker leaves
     it after a 500 with WEBHOOK_RETRY_SCHEDULE=3600)."""
-    later = utcnow() + timedelta(hours=1)
     with app.app_context():
-        db.session.execute(
-            update(QueuedDelivery)
-            .where(QueuedDelivery.delivery_id == delivery_id)
-            .values(attempt_count=1, next_attempt_at=later)
-        )
-        db.session.execute(
-            update(WebhookDelivery)
-            .where(WebhookDelivery.id == delivery_id)
-            .values(attempt_count=1, next_attempt_at=later, http_status=500, last_error="HTTP 500")
+        wait_for_a_retry(
+            [delivery_id], utcnow() + timedelta(hours=1), http_status=500, last_error="HTTP 500"
         )
         db.session.commit()
 
