@@ -18,6 +18,11 @@ from pathlib import Path
 
 import pytest
 
+try:
+    from playwright.sync_api import expect
+except ImportError:  # require_browser() says why the tests cannot run, or fails under CI
+    expect = None
+
 CHROMIUM = os.environ.get("BRAND_CHROMIUM", "/usr/bin/chromium")
 # Headless, and none of Chromium's own traffic: the machines' closed network refuses it, and a
 # test should see only its own requests. --no-sandbox because CI runs as root.
@@ -143,8 +148,6 @@ def open_context(
 
 def sign_in_with_key(page, secret: str) -> None:
     """Sign in on the dashboard's form with an API key, and wait for the dashboard."""
-    from playwright.sync_api import expect
-
     page.goto("/dashboard/sign-in")
     page.get_by_label("API key").fill(secret)
     page.get_by_role("button", name="Sign in").click()

@@ -28,6 +28,7 @@ from services.webhook_endpoints import register_endpoint
 from tests.browser import (
     PHONE,
     Problems,
+    expect,
     open_context,
     open_fold,
     screenshot_folder,
@@ -37,11 +38,6 @@ from tests.dashboard import SIGNING_SECRET
 from tests.receiver import Receiver, Reply
 from tests.server_process import ServerProcess
 from tests.worker_process import WorkerProcess
-
-try:
-    from playwright.sync_api import expect
-except ImportError:  # require_browser() says why the tests cannot run, or fails under CI
-    expect = None
 
 API_KEY = re.compile(r"svc_live_[0-9A-Za-z]{20,}")
 SIGN_IN_URL = re.compile(r"/dashboard/sign-in(\?.*)?$")

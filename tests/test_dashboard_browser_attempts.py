@@ -16,12 +16,7 @@ from services.endpoint_urls import UrlPolicy
 from services.events import publish_event
 from services.signing import delivery_headers
 from services.webhook_endpoints import register_endpoint
-from tests.browser import open_context, sign_in_with_key
-
-try:
-    from playwright.sync_api import expect
-except ImportError:  # require_browser() says why the tests cannot run, or fails under CI
-    expect = None
+from tests.browser import expect, open_context, sign_in_with_key
 
 LOCAL = UrlPolicy(https_only=False, allow_local=True)
 URL = "http://localhost:8099/orders/webhooks"

@@ -21,15 +21,10 @@ from services.endpoint_urls import UrlPolicy
 from services.events import publish_event
 from services.postbacks import Postback, record_postback
 from services.webhook_endpoints import register_endpoint
-from tests.browser import PHONE, open_context, open_fold, sign_in_with_key
+from tests.browser import PHONE, expect, open_context, open_fold, sign_in_with_key
 from tests.dashboard import SIGNING_SECRET
 from tests.delivery_states import wait_for_a_retry
 from tests.test_platform_changes import Platform
-
-try:
-    from playwright.sync_api import expect
-except ImportError:  # require_browser() says why the tests cannot run, or fails under CI
-    expect = None
 
 API_KEY = re.compile(r"svc_live_[0-9A-Za-z]{20,}")
 LOCAL = UrlPolicy(https_only=False, allow_local=True)

@@ -26,13 +26,8 @@ from models.event_catalog import EVENT_NAMES
 from services.endpoint_urls import UrlPolicy
 from services.events import publish_event
 from services.webhook_endpoints import register_endpoint
-from tests.browser import LAPTOP, PHONE, open_context, sign_in_with_key
+from tests.browser import LAPTOP, PHONE, expect, open_context, sign_in_with_key
 from tests.delivery_states import settle
-
-try:
-    from playwright.sync_api import expect
-except ImportError:  # require_browser() says why the tests cannot run, or fails under CI
-    expect = None
 
 LOCAL = UrlPolicy(https_only=False, allow_local=True)
 # Nothing listens on the discard port: a real worker's attempts would be refused.

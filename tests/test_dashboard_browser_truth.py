@@ -33,13 +33,8 @@ from services.endpoint_urls import UrlPolicy
 from services.events import publish_event
 from services.postbacks import Postback, record_postback
 from services.webhook_endpoints import register_endpoint
-from tests.browser import LAPTOP, PHONE, open_context, open_fold, sign_in_with_key
+from tests.browser import LAPTOP, PHONE, expect, open_context, open_fold, sign_in_with_key
 from tests.worker_process import WorkerProcess
-
-try:
-    from playwright.sync_api import expect
-except ImportError:  # require_browser() says why the tests cannot run, or fails under CI
-    expect = None
 
 LOCAL = UrlPolicy(https_only=False, allow_local=True)
 # Nothing listens on the discard port: every attempt to it is refused at once. Long, in many

@@ -10,13 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.browser import LAPTOP, PHONE, Problems, open_context
-
-try:
-    from playwright.sync_api import expect
-except ImportError:  # require_browser() says why the tests cannot run, or fails under CI
-    expect = None
-
+from tests.browser import LAPTOP, PHONE, Problems, expect, open_context
 
 RENDER_MS = 30_000
 
