@@ -45,6 +45,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("BRAND_TEST_BACKENDS", "services")
 
+from services.delivery_attempts import LEASE_SLACK  # noqa: E402
+
 from bench.common import (  # noqa: E402
     Processes,
     app_settings,
@@ -53,7 +55,6 @@ from bench.common import (  # noqa: E402
     run_benchmark,
 )
 from bench.deliveries import Control, start_receiver  # noqa: E402
-from services.delivery_attempts import LEASE_SLACK  # noqa: E402
 
 # The lease a worker with the default WEBHOOK_TIMEOUT (10 s) takes.
 LEASE = timedelta(seconds=10) + LEASE_SLACK
@@ -154,11 +155,11 @@ def seed(conn, sql: list[str], params: dict) -> float:
 def measure_claim(app, conninfo: str, tries: int) -> dict:
     """The claim's median time and its statements' buffers, each try rolled back."""
     import psycopg
-
-    from extensions import db
     from services.delivery_attempts import _LOCK_READY, _TAKE_DUE, ORDERED_LOOK_AHEAD
     from services.delivery_attempts import claim_attempts as claim
     from services.delivery_queue import PROBING_AFTER_FAILURES
+
+    from extensions import db
 
     samples = []
     claimed = 0

@@ -18,8 +18,8 @@ from observability.metrics import (
     gauge,
     labelled_gauge,
 )
-from services.delivery_queue import delivery_backlog, delivery_loop_ages
-from services.endpoint_health import count_disabled_endpoints
+from services.delivery.backlog import delivery_backlog, delivery_loop_ages
+from services.delivery.health import count_disabled_endpoints
 
 log = logging.getLogger("brand_api.metrics")
 metrics = Blueprint("metrics", __name__)
@@ -51,9 +51,10 @@ def _database_gauges() -> list:
     when the database cannot answer, so the process counters still get through."""
     now = utcnow()
     try:
-        backlog = delivery_backlog(now=now)
+        backlog = delivery_backlog()
         disabled = count_disabled_endpoints()
         loops = delivery_loop_ages()
+        db.session.commit()
     except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError) as error:
         db.session.rollback()
         count_backing_service_error("database", "metrics")
@@ -64,18 +65,15 @@ def _database_gauges() -> list:
         gauge("brand_api_database_up", "1 when the database answered this scrape.", 1),
         gauge(
             "brand_api_webhook_deliveries_pending",
-            "Deliveries not yet delivered or failed (waiting, in flight or retrying).",
+            "Deliveries not yet delivered or failed (waiting, in flight or retrying), about: "
+            "PostgreSQL's live-row statistics of the queue and the leases.",
             backlog.pending,
         ),
         gauge(
-            "brand_api_webhook_deliveries_due",
-            "Pending deliveries whose time has come and that no worker holds.",
-            backlog.due,
-        ),
-        gauge(
             "brand_api_webhook_oldest_due_delivery_age_seconds",
-            "How long the oldest due delivery has waited past its time (0 when none): the "
-            "number to alert on; it grows when workers cannot keep up.",
+            "How long the oldest due delivery has waited past its time (0 when none), as the "
+            "delivery loops' last walks round the queue saw it: the number to alert on; it "
+            "grows when workers cannot keep up.",
             max(0.0, oldest_age),
         ),
         gauge(

@@ -9,7 +9,7 @@ from flask.cli import AppGroup
 from commands import command_transaction
 from models.columns import utcnow
 from models.webhook_endpoint import DISABLED_REASON_MAX_LENGTH
-from services.endpoint_health import disable_endpoint
+from services.delivery.health import disable_endpoint
 
 endpoints = AppGroup("endpoints", help="Webhook endpoints, for operators.")
 OPERATOR_PREFIX = "Disabled by the service's operators: "
@@ -25,7 +25,9 @@ def disable(endpoint_id: str, reason: str) -> None:
     `webhook.endpoint_disabled`. The brand re-enables it."""
     text = (OPERATOR_PREFIX + " ".join(reason.split()))[:DISABLED_REASON_MAX_LENGTH]
     with command_transaction():
-        disabled = disable_endpoint(endpoint_id, reason=text, now=utcnow(), by_service=True)
+        disabled = disable_endpoint(
+            endpoint_id, reason=text, now=utcnow(), by_service=True, first_batch=True
+        )
     if not disabled:
         raise click.ClickException(f"No open webhook endpoint with id {endpoint_id!r}")
     click.echo(endpoint_id)

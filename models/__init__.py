@@ -3,6 +3,7 @@
 from models.api_key import ApiKey
 from models.bootstrap_token import BootstrapToken
 from models.brand import Brand
+from models.bulk_job import BulkJob
 from models.campaign import Campaign
 from models.conversion import Conversion
 from models.dashboard_session import DashboardSession, OneTimeSecret
@@ -20,6 +21,7 @@ __all__ = [
     "ApiKey",
     "BootstrapToken",
     "Brand",
+    "BulkJob",
     "Campaign",
     "Conversion",
     "DashboardSession",

@@ -5,7 +5,7 @@ only what the loop needs to choose and lease the next attempts, so that the clai
 of pending work only, and the record's updates stay off every index.
 
 A claim moves a row from the queue to the leases; the attempt's record deletes the lease and,
-when the delivery waits for a retry, puts it back in the queue (services/delivery_attempts.py).
+when the delivery waits for a retry, puts it back in the queue (services/delivery/queue.py).
 Neither table has foreign keys: every write to them goes with a write to the delivery in the
 same statement, and a key check per row would cost every postback.
 """
@@ -30,12 +30,14 @@ class QueuedDelivery(Model):
 
     __tablename__ = "webhook_delivery_queue"
     __table_args__ = (
-        # A claim takes an endpoint's oldest due rows; the held ones (null) sort last.
+        # A claim walks the endpoints with queued work and takes each one's oldest due rows;
+        # the held ones (null) sort last.
+        Index("ix_webhook_delivery_queue_endpoint_due", "endpoint_id", "next_attempt_at"),
+        # What waits behind a delivery: released when it stops being pending (a trigger).
         Index(
-            "ix_webhook_delivery_queue_endpoint_due",
-            "endpoint_id",
-            "next_attempt_at",
-            "delivery_id",
+            "ix_webhook_delivery_queue_held_behind",
+            "held_behind",
+            postgresql_where=text("held_behind IS NOT NULL"),
         ),
         # Ordering by subject (CONTRACT 12.2): is an earlier delivery of the subject pending?
         Index(
@@ -52,6 +54,8 @@ class QueuedDelivery(Model):
     # When it may be attempted; null while it is held behind an earlier delivery of its subject
     # to an endpoint that orders them (released when that one ends).
     next_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # CONTRACT 13.1: the pending delivery it is held behind (null unless held).
+    held_behind: Mapped[str | None] = mapped_column(id_column_type(), nullable=True)
     # Attempts made so far (the next is this plus one).
     attempt_count: Mapped[int] = mapped_column(Integer)
     # A receiver's Retry-After: no attempt before this, even when the endpoint recovers.
@@ -73,6 +77,8 @@ class DeliveryLease(Model):
     __table_args__ = (
         # An endpoint's attempts in flight, across all workers (its limit).
         Index("ix_webhook_delivery_leases_endpoint", "endpoint_id", "leased_until"),
+        # Leases whose worker died or could not record in time, whoever they belong to.
+        Index("ix_webhook_delivery_leases_leased_until", "leased_until"),
     )
 
     delivery_id: Mapped[str] = mapped_column(id_column_type(), primary_key=True)
@@ -100,6 +106,8 @@ class DeliveryLoopHeartbeat(Model):
     pid: Mapped[int] = mapped_column(Integer)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime())
     last_round_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    # The oldest due time the loop's last walk round the queue saw still waiting (null: none).
+    oldest_due_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
     def __repr__(self) -> str:
         return f"<DeliveryLoopHeartbeat {self.hostname}:{self.pid} {self.last_round_at}>"

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from sqlalchemy import ForeignKey, Index, Integer
+from sqlalchemy import Index, Integer
 from sqlalchemy.orm import Mapped, mapped_column
 
 from extensions import Model
@@ -34,11 +34,9 @@ class EndpointHour(Model):
         Index("ix_webhook_endpoint_hours_hour", "hour"),
     )
 
-    endpoint_id: Mapped[str] = mapped_column(
-        id_column_type(),
-        ForeignKey("webhook_endpoints.id", ondelete="CASCADE"),
-        primary_key=True,
-    )
+    # No foreign key, as for webhook_attempts.endpoint_id: a record never waits for an
+    # endpoint's row. Retention deletes the hours of an endpoint deleted with its brand.
+    endpoint_id: Mapped[str] = mapped_column(id_column_type(), primary_key=True)
     # The hour's start, on UTC's hours.
     hour: Mapped[datetime] = mapped_column(UTCDateTime(), primary_key=True)
     attempts: Mapped[int] = mapped_column(Integer)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import JSON, ForeignKey, Index, Integer, String, Text, and_, text
+from sqlalchemy import JSON, ForeignKey, Index, Integer, String, Text, and_, select, text
 from sqlalchemy.ext.hybrid import hybrid_property
-from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy.orm import Mapped, column_property, mapped_column
 
 from extensions import Model
 from models.columns import UTCDateTime, id_column_type, new_id, utcnow
+from models.delivery_queue import QueuedDelivery
 
 PENDING = "pending"
 DELIVERED = "delivered"
@@ -89,6 +90,14 @@ class WebhookDelivery(Model):
     # is recovered once.
     redelivered_as: Mapped[str | None] = mapped_column(id_column_type(), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    # CONTRACT 13.1: the pending delivery this one is held behind (ordering by subject), read
+    # from its queue row as the delivery is loaded; null unless held.
+    held_behind: Mapped[str | None] = column_property(
+        select(QueuedDelivery.held_behind)
+        .where(QueuedDelivery.delivery_id == id)
+        .correlate_except(QueuedDelivery)
+        .scalar_subquery()
+    )
 
     @property
     def next_retry_at(self) -> datetime | None:
@@ -125,10 +134,11 @@ class WebhookAttempt(Model):
         primary_key=True,
     )
     attempt_number: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
-    # The delivery's endpoint, kept on each attempt for the health figures' index.
-    endpoint_id: Mapped[str] = mapped_column(
-        id_column_type(), ForeignKey("webhook_endpoints.id", ondelete="CASCADE")
-    )
+    # The delivery's endpoint, kept on each attempt for the health figures' index. No foreign
+    # key: its check would lock the endpoint's row (KEY SHARE) at every record, and a session
+    # holding that row would hold every brand's records (issue 41). The delivery's key keeps it
+    # right, and deleting a brand removes both.
+    endpoint_id: Mapped[str] = mapped_column(id_column_type())
     requested_at: Mapped[datetime] = mapped_column(UTCDateTime())
     duration_ms: Mapped[int] = mapped_column(Integer)
     http_status: Mapped[int | None] = mapped_column(Integer, nullable=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import ForeignKey, Index, Integer, String, Text, and_, text
+from sqlalchemy import ForeignKey, Index, Integer, SmallInteger, String, Text, and_, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.hybrid import hybrid_property
@@ -25,6 +25,8 @@ SUBJECT_ORDERING = "subject"
 ORDERINGS = (NO_ORDERING, SUBJECT_ORDERING)
 # CONTRACT 12.3: at most this many campaigns in an endpoint's filter.
 MAX_CAMPAIGN_FILTER = 100
+# CONTRACT 13.5: an endpoint's own limit of attempts in flight.
+MAX_IN_FLIGHT_RANGE = (1, 50)
 
 
 class WebhookEndpoint(Model):
@@ -32,14 +34,15 @@ class WebhookEndpoint(Model):
     __table_args__ = (
         # fetch-endpoints and fan-out read a brand's endpoints that were not deleted.
         Index("ix_webhook_endpoints_brand_id_deleted_at", "brand_id", "deleted_at"),
-        # The delivery loop's claim: endpoints in the order they became ready
-        # (services/delivery_attempts.py).
+        # The sweep that forgets previous secrets reads only the endpoints that have one.
         Index(
-            "ix_webhook_endpoints_ready",
-            "ready_at",
-            "id",
-            postgresql_where=text("ready_at IS NOT NULL"),
+            "ix_webhook_endpoints_previous_secret",
+            "previous_secret_expires_at",
+            postgresql_where=text("previous_secret_expires_at IS NOT NULL"),
         ),
+        # Room in each page for the new version of a row's health update (a HOT update: no
+        # index changes), which a failing endpoint gets at every attempt.
+        {"postgresql_with": {"fillfactor": 50}},
     )
 
     id: Mapped[str] = mapped_column(
@@ -66,13 +69,11 @@ class WebhookEndpoint(Model):
     # disable rule (CONTRACT 6.2) needs the run to be both long and old.
     failing_since: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     # While the run of failures lasts, no attempt of it starts before this (the breaker's pause
-    # between probes, the same for every worker: services/delivery_attempts.py).
+    # between probes, the same for every worker: services/delivery/health.py).
     next_probe_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
-    # The delivery loop's turn: from this time a claim may find an attempt to start here (null:
-    # nothing to do until something changes). A hint kept by every statement that adds work,
-    # ends an attempt or pauses the endpoint; never later than the truth
-    # (services/delivery_attempts.py says how publishers and claims keep it so).
-    ready_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # CONTRACT 13.5: attempts in flight at once, across all workers (null: the setting
+    # WEBHOOK_ENDPOINT_CONCURRENCY).
+    max_in_flight: Mapped[int | None] = mapped_column(SmallInteger, nullable=True)
     # CONTRACT 12.2: "none", or "subject" (a subject's events one after another).
     ordering: Mapped[str] = mapped_column(String(10), default=NO_ORDERING, server_default="none")
     # CONTRACT 12.3: only events of these campaigns (null: every campaign's).

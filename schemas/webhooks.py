@@ -443,6 +443,15 @@ class DeliverySchema(ApiSchema):
     next_retry_at = Timestamp(
         allow_none=True, metadata={"description": "When the next retry is due, if any."}
     )
+    held_behind = fields.String(
+        allow_none=True,
+        metadata={
+            "description": "For an endpoint that orders by subject: the id of the earlier "
+            "delivery of the same subject this `pending` one waits for (it is not attempted "
+            "until that one is `delivered` or `failed`). Null for every other delivery.",
+            "example": None,
+        },
+    )
     created_at = Timestamp()
 
 

@@ -24,7 +24,7 @@ from models.event_subjects import EventSubject, event_subject
 from models.webhook_delivery import PENDING
 from models.webhook_endpoint import SUBJECT_ORDERING, endpoint_is_open_sql
 from schemas.base import iso_timestamp
-from services.delivery_queue import READY_RECEIVING, queue_parameters
+from services.delivery.queue import ENQUEUE_CTES, RECEIVING_COLUMNS
 from services.errors import ValidationFailed
 from services.wakeups import NOTIFY_BRAND_SQL
 
@@ -106,7 +106,6 @@ def publish_event(
                 "created_at": now,
                 "delivery_id_base": new_id("whd"),
                 **subject_parameters(subject),
-                **queue_parameters(),
                 **parameters,
             },
         )
@@ -209,7 +208,6 @@ def deliver_again(
                 "brand_id": brand_id,
                 "endpoint_id": endpoint_id,
                 "created_at": now,
-                **queue_parameters(),
             },
         )
     return delivery_ids
@@ -243,57 +241,18 @@ _SUBSCRIBED = (
 _NAMED = endpoint_is_open_sql("endpoint") + " AND endpoint.id = ANY(:only_endpoint_ids)"
 _SUBSCRIBED_OTHERS = _SUBSCRIBED + " AND endpoint.id <> ALL(:except_endpoint_ids)"
 
-# A pending delivery and its queue row for each endpoint of `receiving` (locked FOR KEY SHARE, so
-# that no claim decides those endpoints have nothing to do before this commits:
-# services/delivery_queue.py), and each endpoint's turn in the claim brought forward. Due now by
-# the database's clock. The queue row carries the event's subject for an endpoint that orders by
-# subject. Binds :delivery_id_base, :pending, :subject_key, :endpoint_limit, :probing_after;
-# `{deliveries_from}` gives `event` (id, brand_id, name, created_at, sequence) one row per
-# delivery, with `receiving`.
-_ENQUEUE_CTES = (
-    """
-    deliveries AS (
-        INSERT INTO webhook_deliveries (
-            id, brand_id, endpoint_id, event_id, event_name, status, attempt_count,
-            next_attempt_at, created_at
-        )
-        SELECT {delivery_id}, event.brand_id, receiving.id, event.id, event.name, :pending, 0,
-               statement_timestamp(), {created_at}
-        FROM {deliveries_from}
-        RETURNING id, endpoint_id, event_id
-    ),
-    queued AS (
-        INSERT INTO webhook_delivery_queue (
-            delivery_id, endpoint_id, next_attempt_at, attempt_count, subject_key, sequence
-        )
-        SELECT deliveries.id, deliveries.endpoint_id, statement_timestamp(), 0,
-               CASE WHEN receiving.ordering = :subject_ordering THEN {subject_key} END,
-               CASE WHEN receiving.ordering = :subject_ordering THEN event.sequence END
-        FROM deliveries
-        JOIN receiving ON receiving.id = deliveries.endpoint_id
-        JOIN {event_of_delivery}
-    ),
-"""  # noqa: S608 - constant SQL, put together at import
-    + READY_RECEIVING
-)
-
-_RECEIVING_COLUMNS = (
-    "endpoint.id, endpoint.ready_at, endpoint.next_probe_at, endpoint.consecutive_failures,"
-    " endpoint.ordering"
-)
-
 # The event and its fan-out, as CTEs of one statement:
 # - `subject_counted` (with `{sequence}` reading it) numbers the event in its subject's life; a
 #   subject's first event starts after any stored before its counter existed (a postback's
 #   conversion, numbered 1 without one);
 # - `event` inserts the event from the rows of `{source}` (one row, or none to publish nothing)
 #   with the body `{body}` and the campaign `{campaign}`, SQL expressions;
-# - `receiving` locks the endpoints that receive it, `deliveries`, `queued` and `readied` queue
-#   the work (above);
+# - `receiving` locks the endpoints that receive it FOR KEY SHARE (one closed meanwhile is read
+#   again and left out); `deliveries` and `queued` queue the work (services/delivery/queue.py);
 # - `woken` sends the wake-up (services/wakeups.py) with the commit: a statement must read it
 #   (`WOKEN`) for PostgreSQL to run it.
 # The statement binds :event_id, :brand_id, :event_name, :created_at, :subject_type,
-# :subject_id, :subject_key and what `_ENQUEUE_CTES` binds.
+# :subject_id, :subject_key, :delivery_id_base, :pending and :subject_ordering.
 SUBJECT_COUNTED = """
     subject_counted AS (
         INSERT INTO webhook_event_subjects AS counter (
@@ -326,13 +285,13 @@ _PUBLISH_CTES_TEMPLATE = (
     ),
     receiving AS (
         SELECT """  # noqa: S608 - constant SQL, put together at import
-    + _RECEIVING_COLUMNS
+    + RECEIVING_COLUMNS
     + """
         FROM event JOIN webhook_endpoints AS endpoint ON endpoint.brand_id = event.brand_id
         WHERE {receives}
         FOR KEY SHARE OF endpoint
     ),"""
-    + _ENQUEUE_CTES.replace(
+    + ENQUEUE_CTES.replace(
         "{delivery_id}",
         ":delivery_id_base || lpad(CAST(row_number() OVER (ORDER BY receiving.id) AS TEXT), 2,"
         " '0')",
@@ -401,13 +360,13 @@ _DELIVER_AGAIN = text(
     ),
     receiving AS (
         SELECT """  # noqa: S608 - constant SQL, put together at import
-    + _RECEIVING_COLUMNS
+    + RECEIVING_COLUMNS
     + """
         FROM webhook_endpoints AS endpoint
         WHERE endpoint.id = :endpoint_id AND endpoint.brand_id = :brand_id
         FOR KEY SHARE OF endpoint
     ),"""
-    + _ENQUEUE_CTES.replace("{delivery_id}", "given.delivery_id")
+    + ENQUEUE_CTES.replace("{delivery_id}", "given.delivery_id")
     .replace("{created_at}", ":created_at")
     .replace(
         "{deliveries_from}",

@@ -36,7 +36,6 @@ from models.tracked_link import CONVERSION_COUNT_SLOTS
 from models.webhook_delivery import PENDING
 from models.webhook_endpoint import SUBJECT_ORDERING
 from schemas.events import event_data
-from services.delivery_queue import queue_parameters
 from services.errors import Conflict
 from services.events import PUBLISH_CTES, WOKEN, event_body_around, subject_parameters
 from services.failpoints import failpoint
@@ -174,7 +173,6 @@ def _record_in_one_statement(
         "pending": PENDING,
         "subject_ordering": SUBJECT_ORDERING,
         **subject_parameters(subject),
-        **queue_parameters(),
     }
     del parameters["campaign_id"]  # the statement's: the link's campaign
     parameters["new_metadata"] = Json(parameters["new_metadata"])

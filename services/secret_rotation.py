@@ -35,7 +35,8 @@ def reencrypt_signing_secrets(*, batch_size: int = BATCH_SIZE) -> Reencrypted:
             .where(WebhookEndpoint.id > after)
             .order_by(WebhookEndpoint.id)
             .limit(batch_size)
-            .with_for_update()
+            # Not FOR UPDATE: publishers' KEY SHARE locks on these rows must not wait.
+            .with_for_update(key_share=True)
         ).all()
         if not batch:
             return result

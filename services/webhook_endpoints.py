@@ -12,6 +12,7 @@ from sqlalchemy import CursorResult, func, select, update
 
 from extensions import db
 from models import ApiKey, Campaign, WebhookEndpoint, credentials
+from models.bulk_job import RELEASE_HELD, RETRY_NOW
 from models.columns import utcnow
 from models.event_catalog import (
     DEFAULT_SUBSCRIPTION,
@@ -28,8 +29,9 @@ from models.webhook_endpoint import (
 )
 from schemas.events import event_data
 from services.brands import get_brand
-from services.delivery_queue import bring_retries_forward, fail_pending_deliveries, release_held
-from services.endpoint_health import disable_endpoint, enable_endpoint
+from services.delivery.backlog import waiting_retries
+from services.delivery.bulk import request_job
+from services.delivery.health import close_queue, disable_endpoint, enable_endpoint
 from services.endpoint_urls import UrlPolicy, validate_endpoint_url
 from services.errors import Conflict, NotFound, ValidationFailed
 from services.events import PublishedEvent, publish_event
@@ -203,8 +205,9 @@ def get_endpoint(brand_id: str, endpoint_id: str, *, for_update: bool = False) -
         WebhookEndpoint.deleted_at.is_(None),
     )
     if for_update:
-        # Serialises changes of one endpoint against each other and the worker's disabling.
-        statement = statement.with_for_update()
+        # Serialises changes of one endpoint against each other and the worker's health
+        # updates (which skip a row someone holds); publishers' KEY SHARE locks do not wait.
+        statement = statement.with_for_update(key_share=True)
     endpoint = db.session.scalar(statement)
     if endpoint is None:
         raise NotFound(f"No webhook endpoint with id {endpoint_id!r} in this brand")
@@ -230,7 +233,8 @@ def update_endpoint(
 ) -> UpdatedEndpoint:
     """Change any of `url`, `events`, `description`, `isActive`, `ordering`, `campaignIds`
     (CONTRACT 4, 10 and 12). Turning ordering off lets every delivery held behind an earlier
-    one of its subject go at once; turning it on orders the events published from then on.
+    one of its subject go (a bulk job, within seconds); turning it on orders the events
+    published from then on.
     `isActive: true` re-enables a disabled endpoint with a clean failure count; `false` disables
     it, failing its pending deliveries, with a reason that says who did it and where
     (`changed_by`). An empty or null description removes it.
@@ -251,7 +255,13 @@ def update_endpoint(
     if ordering is not _UNSET and ordering != endpoint.ordering:
         endpoint.ordering = ordering
         if ordering == NO_ORDERING:
-            release_held([endpoint.id], now=now)
+            request_job(
+                kind=RELEASE_HELD,
+                brand_id=brand_id,
+                endpoint_id=endpoint.id,
+                now=now,
+                first_batch=True,
+            )
     if new_url is not None:
         endpoint.url = new_url
     if subscription is not None:
@@ -263,7 +273,12 @@ def update_endpoint(
     if is_active is True:
         enable_endpoint(endpoint.id, now=now)
     elif is_active is False:
-        disable_endpoint(endpoint.id, reason=disabled_by_hand(brand_id, changed_by), now=now)
+        disable_endpoint(
+            endpoint.id,
+            reason=disabled_by_hand(brand_id, changed_by),
+            now=now,
+            first_batch=True,
+        )
     if is_active is not _UNSET:
         db.session.refresh(endpoint)  # endpoint_health changed the row beneath the session
     dropped = subscription.dropped_events if subscription is not None else []
@@ -345,29 +360,40 @@ def forget_expired_previous_secrets(*, now: datetime) -> int:
 def delete_endpoint(
     *, brand_id: str, endpoint_id: str, now: datetime | None = None
 ) -> WebhookEndpoint:
-    """Delete the endpoint; its pending deliveries end as `failed`, its log stays readable."""
+    """Delete the endpoint; its pending deliveries end as `failed` (a bulk job, at once for
+    what is queued: nothing more is attempted), its log stays readable."""
     now = now or utcnow()
     endpoint = get_endpoint(brand_id, endpoint_id, for_update=True)
     endpoint.deleted_at = now
     endpoint.updated_at = now
     db.session.flush()
-    fail_pending_deliveries(endpoint.id, error="Endpoint deleted")
+    close_queue(brand_id, endpoint.id, why="Endpoint deleted", now=now, first_batch=True)
     return endpoint
 
 
 def retry_pending(*, brand_id: str, endpoint_id: str, now: datetime | None = None) -> int:
     """CONTRACT 12.4: every pending delivery of the endpoint waiting for a retry becomes due now
     (the claim keeps its in-flight limit, and a receiver's Retry-After is overridden: a person
-    said it is fixed); how many.
+    said it is fixed); how many wait now. A bulk job brings them forward: its first thousand in
+    this request, the rest a thousand a batch in the workers.
 
     :raise NotFound: no such endpoint, or it is disabled or deleted."""
-    endpoint = get_endpoint(brand_id, endpoint_id, for_update=True)
+    endpoint = get_endpoint(brand_id, endpoint_id)
     if not endpoint.is_active:
         raise NotFound(
             f"Webhook endpoint {endpoint_id!r} is disabled; re-enable it with update-endpoint "
             "and its failed deliveries can be recovered"
         )
-    return bring_retries_forward(endpoint.id, override_retry_after=True, now=now)
+    due = waiting_retries(endpoint.id, now=now)
+    if due:
+        request_job(
+            kind=RETRY_NOW,
+            brand_id=brand_id,
+            endpoint_id=endpoint.id,
+            now=now,
+            first_batch=True,
+        )
+    return due
 
 
 def send_test_ping(*, brand_id: str, endpoint_id: str, now: datetime | None = None) -> str:

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import itertools
 import json
+import select
+import socket
 import ssl
 import threading
 import time
@@ -36,6 +39,9 @@ class Received:
     signature_valid: bool
     received_at: float  # time.monotonic()
     received_wall: float = 0.0  # time.time(), to compare with an HTTP date
+    # When it left the wire (time.monotonic()): its answer was written, or the sender hung up
+    # (a timeout); None while it is on the wire.
+    ended_at: float | None = None
 
     @property
     def json(self) -> dict:
@@ -105,6 +111,22 @@ class Receiver:
         self.server.shutdown()
         self.server.server_close()
 
+    def overlaps(self) -> list[tuple[str, float, float]]:
+        """Deliveries that were on the wire twice at once: (delivery id, when the second began,
+        when the first ended). A retry after the sender gave up on the first is not one."""
+        found = []
+        by_delivery: dict[str, list[Received]] = {}
+        with self._lock:
+            for request in self.received:
+                by_delivery.setdefault(request.delivery_id, []).append(request)
+        for delivery_id, requests in by_delivery.items():
+            requests.sort(key=lambda request: request.received_at)
+            for first, second in itertools.pairwise(requests):
+                ended = first.ended_at if first.ended_at is not None else float("inf")
+                if second.received_at < ended:
+                    found.append((delivery_id, second.received_at, ended))
+        return found
+
     def _record(self, request: Received) -> Reply:
         with self._lock:
             self.received.append(request)
@@ -151,23 +173,24 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length", 0))
         body = self.rfile.read(length)
         headers = dict(self.headers.items())
-        reply = receiver._record(
-            Received(
-                path=self.path,
-                headers=headers,
-                body=body,
-                signature_valid=receiver._verify(headers, body),
-                received_at=time.monotonic(),
-                received_wall=time.time(),
-            )
+        request = Received(
+            path=self.path,
+            headers=headers,
+            body=body,
+            signature_valid=receiver._verify(headers, body),
+            received_at=time.monotonic(),
+            received_wall=time.time(),
         )
+        reply = receiver._record(request)
         trickled = False
         answered = None
         try:
-            if reply.hold is not None:
-                reply.hold.wait(30)
-            if reply.delay:
-                time.sleep(reply.delay)
+            if reply.hold is not None and not self._wait_unless_gone(reply.hold.wait, 30):
+                return
+            if reply.delay and not self._wait_unless_gone(
+                threading.Event().wait, reply.delay, waited_out=True
+            ):
+                return
             self.send_response(reply.status)
             for name, value in reply.headers.items():
                 self.send_header(name, value)
@@ -183,7 +206,24 @@ class _Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             pass  # the worker gave up waiting (timeout tests)
         finally:
+            request.ended_at = time.monotonic()
             receiver._answered(trickled=trickled, delivery_id=answered)
+
+    def _wait_unless_gone(self, wait, seconds: float, *, waited_out: bool = False) -> bool:
+        """Wait (`wait(timeout)` returns True when done) up to `seconds`, watching the
+        connection: False as soon as the sender hangs up, else True."""
+        deadline = time.monotonic() + seconds
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return waited_out
+            if wait(min(0.02, left)):
+                return True
+            if isinstance(self.connection, ssl.SSLSocket):
+                continue  # TLS cannot be peeked at: waited out as it is
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            if readable and not self.connection.recv(1, socket.MSG_PEEK):
+                return False  # end of stream: the sender gave up
 
     def _trickle(self, reply: Reply) -> None:
         self._headers_buffer.append(b"\r\n")

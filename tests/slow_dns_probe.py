@@ -21,9 +21,9 @@ from pathlib import Path
 from dnslib import QTYPE, RR, A
 from dnslib.server import BaseResolver, DNSServer
 
+from services.delivery.transport import Transport
 from services.endpoint_urls import UrlPolicy
 from tests.certificates import TestCa
-from workers.transport import Transport
 
 ADDRESS = "11.0.0.1"
 SLOW_SECONDS = 6.0

@@ -22,13 +22,13 @@ from sqlalchemy import func, select
 
 from extensions import db
 from models import DeliveryLease, WebhookDelivery
+from services.delivery.transport import parse_retry_after
 from services.endpoint_urls import UrlPolicy
 from services.events import publish_event
 from services.webhook_endpoints import register_endpoint
 from tests import test_webhook_delivery as delivery
 from tests.receiver import Receiver, Reply
 from tests.test_webhook_delivery import logs, parse_time, poll, publish
-from workers.transport import parse_retry_after
 
 LOCAL = UrlPolicy(https_only=False, allow_local=True)
 

@@ -19,12 +19,8 @@ from extensions import db
 from models import WebhookDelivery
 from models.columns import new_id, utcnow
 from services import pagination
-from services.delivery_attempts import (
-    AttemptOutcome,
-    RetryPolicy,
-    claim_attempts,
-    record_attempts,
-)
+from services.delivery.outcomes import AttemptOutcome, RetryPolicy
+from services.delivery.queue import claim_attempts, record_attempts
 from services.events import publish_event
 from services.webhook_endpoints import current_url_policy, register_endpoint
 from tests.helpers import assert_error, assert_success

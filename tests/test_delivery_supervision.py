@@ -20,12 +20,12 @@ from sqlalchemy import select
 
 from extensions import db
 from models import WebhookAttempt
+from services.delivery.loop import EXIT_LOOP_DIED
 from services.wakeups import conninfo_for
 from tests.receiver import Receiver, Reply
 from tests.server_process import ServerProcess
 from tests.test_webhook_delivery import Api, poll, publish
 from tests.worker_process import WorkerProcess
-from workers.delivery_loop import EXIT_LOOP_DIED
 
 
 def test_a_worker_whose_loop_dies_exits_non_zero_and_says_why(app_environ):

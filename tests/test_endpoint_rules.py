@@ -3,7 +3,7 @@
 - "open" (receives deliveries: neither disabled nor deleted) is `models.webhook_endpoint`'s
   `endpoint_is_open`: the model's `is_active`, in Python and in SQL, publishing, the test ping,
   the worker's claim and its one-statement success all follow it, for every combination;
-- disabling and re-enabling are `services.endpoint_health`'s alone: no other module writes
+- disabling and re-enabling are `services.delivery.health`'s alone: no other module writes
   `disabled_at`.
 """
 
@@ -20,7 +20,7 @@ from sqlalchemy import select, update
 from extensions import db
 from models import QueuedDelivery, WebhookDelivery, WebhookEndpoint
 from models.columns import utcnow
-from services.delivery_attempts import claim_attempts
+from services.delivery.queue import claim_attempts
 from services.endpoint_urls import UrlPolicy
 from services.events import publish_event
 from services.webhook_endpoints import register_endpoint
@@ -63,10 +63,6 @@ def pending_delivery(brand: str, endpoint_id: str) -> str:
         .where(QueuedDelivery.delivery_id == published.delivery_ids[0])
         .values(endpoint_id=endpoint_id)
     )
-    # Its turn, as the publish gave its twin (a claim reads only endpoints whose turn came).
-    db.session.execute(
-        update(WebhookEndpoint).where(WebhookEndpoint.id == endpoint_id).values(ready_at=utcnow())
-    )
     db.session.commit()
     return published.delivery_ids[0]
 
@@ -107,13 +103,13 @@ def test_every_path_that_decides_open_agrees(app, brand, disabled, deleted):
         assert answers == dict.fromkeys(answers, expected)
 
 
-def test_only_endpoint_health_writes_disabled_at():
+def test_only_delivery_health_writes_disabled_at():
     writers = []
     for package in ("services", "workers", "blueprints", "commands", "fixtures"):
         for path in sorted((REPO / package).rglob("*.py")):
             if re.search(r"disabled_at\s*=(?!=)", path.read_text()):
                 writers.append(str(path.relative_to(REPO)))
-    assert writers == ["services/endpoint_health.py"]
+    assert writers == ["services/delivery/health.py"]
 
 
 def test_only_the_model_spells_out_what_open_means():

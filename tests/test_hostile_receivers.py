@@ -16,11 +16,11 @@ from sqlalchemy import select
 
 from extensions import db
 from models import DeliveryLoopHeartbeat, WebhookAttempt, WebhookDelivery
+from services.delivery.transport import NOT_HTTP
 from services.events import publish_event
 from tests.receiver import Receiver
 from tests.test_webhook_delivery import Api
 from tests.worker_process import WorkerProcess
-from workers.transport import NOT_HTTP
 
 ROOT = Path(__file__).resolve().parent.parent
 # Answers with a 200 status line: each is delivered, whatever follows it.

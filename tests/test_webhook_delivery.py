@@ -434,8 +434,14 @@ def test_deleting_an_endpoint_fails_its_pending_deliveries(app, api, brand, rece
         release.set()
 
     assert {request.delivery_id for request in held} == set(delivery_ids[:in_flight])
-    # The one waiting its turn ends failed, never attempted.
-    waiting = api.delivery(delivery_ids[-1])
+    # The one waiting its turn ends failed (the worker's bulk job), never attempted.
+    waiting = poll(
+        lambda: api.delivery(delivery_ids[-1]),
+        lambda detail: detail["status"] != "pending",
+        timeout=10,
+        what="the queued delivery of the deleted endpoint, ended",
+        worker=worker,
+    )
     assert waiting["status"] == "failed" and waiting["attempts"] == [], waiting
     assert waiting["nextRetryAt"] is None
     assert "deleted" in waiting["lastError"].lower(), waiting

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from datetime import timedelta
 
 import pytest
 from sqlalchemy import select, text
@@ -12,8 +13,10 @@ from sqlalchemy import select, text
 from extensions import db
 from models import WebhookEndpoint
 from models.columns import utcnow
+from services.delivery.queue import claim_attempts
 from services.events import publish_event
 from services.secret_box import secret_box
+from tests.bulk_jobs import run_bulk_jobs
 from tests.helpers import assert_error, assert_success
 from tests.receiver import expected_signature
 from tests.worker_process import WorkerProcess
@@ -34,6 +37,9 @@ ENDPOINT_FIELDS = {
     "campaignIds",
     "createdAt",
 }
+
+
+LEASE = timedelta(seconds=30)
 
 
 def base(brand_id: str) -> str:
@@ -406,6 +412,12 @@ def test_disabling_sets_disabled_at_and_fails_pending_deliveries(app, client, br
     by_key = f"by key “test key” ({write_key[:12]}…)"
     assert data["disabledReason"] == f"Disabled through the API {by_key}"
 
+    # From the moment it is disabled no claim takes its work; a job ends it, as a worker runs it.
+    with app.app_context():
+        claimed = claim_attempts(slots=10, endpoint_limit=2, token="t" * 32, lease=LEASE)
+        db.session.rollback()
+    assert [attempt.endpoint_id for attempt in claimed.attempts] == [other["id"]]
+    run_bulk_jobs(app)
     mine = deliveries(client, brand, write_key, endpointId=endpoint["id"])
     assert [item["status"] for item in mine] == ["failed"]
     assert mine[0]["lastError"] == f"Endpoint disabled through the API {by_key}"
@@ -514,6 +526,7 @@ def test_delete_fails_pending_deliveries_and_keeps_them_in_the_log(app, client, 
     publish(app, brand, "deal.completed")
     publish(app, brand, "conversion.recorded")
     client.delete(f"{base(brand)}/{endpoint['id']}/delete-endpoint", headers=key_header(write_key))
+    run_bulk_jobs(app)
 
     mine = deliveries(client, brand, write_key, endpointId=endpoint["id"])
     assert len(mine) == 2

@@ -11,9 +11,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from services.delivery.transport import Transport
 from services.endpoint_urls import UrlPolicy
 from tests.certificates import TestCa
-from workers.transport import Transport
 
 LOCAL = UrlPolicy(https_only=False, allow_local=True)
 

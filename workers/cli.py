@@ -1,4 +1,4 @@
-"""`flask --app app worker [--burst]`: the process's delivery loop (workers/delivery_loop.py),
+"""`flask --app app worker [--burst]`: the process's delivery loop (services/delivery/loop.py),
 which needs only PostgreSQL, beside an RQ worker for the work that is a job (the retention
 purge, workers/retention.py) and the maintenance its tick runs (workers/maintenance.py).
 
@@ -22,8 +22,8 @@ from flask.cli import with_appcontext
 from rq import SimpleWorker
 
 from extensions import db
+from services.delivery.loop import start_delivery_loop, stop_delivery_loop
 from workers.connection import QUEUES, redis_connection
-from workers.delivery_loop import start_delivery_loop, stop_delivery_loop
 from workers.maintenance import run_maintenance
 from workers.retention import stop_purge
 

@@ -48,7 +48,7 @@ from schemas.webhooks import (
 )
 from services.campaigns import campaign_choices
 from services.deliveries import list_deliveries, recover_failed_deliveries
-from services.delivery_queue import waiting_retries
+from services.delivery.backlog import waiting_retries
 from services.endpoint_stats import endpoint_stats, latest_failures, with_health
 from services.errors import ValidationFailed
 from services.events import API_VERSION

@@ -1,7 +1,7 @@
 """One delivery attempt over HTTP: resolve and check the receiver's address, connect to exactly
 that address, post the signed body, and report what happened in words a brand can act on.
 
-Attempts run on the delivery loop's asyncio loop (workers/delivery_loop.py) over one aiohttp
+Attempts run on the delivery loop's asyncio loop (loop.py) over one aiohttp
 session per worker process, which keeps connections to each receiver alive between attempts (a
 TLS handshake per delivery would cost more than the delivery). `WEBHOOK_TIMEOUT` bounds the
 whole attempt on the wall clock, name lookup, connect, sending, the answer's headers and its
@@ -9,7 +9,7 @@ body alike: a receiver that trickles a byte a second cannot hold an attempt past
 looked up on the loop too (c-ares), each under a deadline of its own, so a brand whose DNS is
 slow holds only its own attempts.
 
-Whatever the receiver answers is untrusted: workers/answers.py reads it, bounded, and makes what
+Whatever the receiver answers is untrusted: answers.py reads it, bounded, and makes what
 the log keeps of it safe to store. Each attempt also records where its time went (the lookup,
 the TCP connect, the TLS handshake, the wait for the first byte) and the address it connected
 to (CONTRACT 12.5): the connect and handshake are told apart by noting when this attempt's
@@ -33,10 +33,15 @@ from typing import cast
 import aiohttp
 
 from models.columns import utcnow
-from services.delivery_attempts import RETRY_AFTER_MAX_SECONDS, AttemptOutcome, AttemptTimings
+from services.delivery.answers import kept_headers, read_body_start, safe_error, safe_text
+from services.delivery.outcomes import (
+    OWN_FAULT,
+    RETRY_AFTER_MAX_SECONDS,
+    AttemptOutcome,
+    AttemptTimings,
+)
 from services.endpoint_urls import AddressRefused, UrlPolicy, attempt_target, lookup_name
 from services.signing import delivery_headers
-from workers.answers import kept_headers, read_body_start, safe_error, safe_text
 
 # Receivers that may ask for a later retry (CONTRACT 8.6).
 _RETRY_AFTER_STATUSES = (429, 503)
@@ -52,8 +57,6 @@ LOOKUP_TIMEOUT_SECONDS = 5.0
 # parsing on every delivery, at its neighbours' expense.
 MAX_RESPONSE_HEADERS = 128
 NOT_HTTP = "The receiver's answer is not valid HTTP"
-# A failure of the worker's own, not of the receiver (services/delivery_attempts.py reads it).
-OWN_FAULT = "Not sent: this worker"
 
 
 @dataclass

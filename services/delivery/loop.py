@@ -1,22 +1,27 @@
 """The delivery loop: one per worker process, one loop that re-reads the truth.
 
-    round: record what finished (services/delivery_attempts.py `record_attempts`), then claim
-           what is due now, up to the free slots (`claim_attempts`), and start those attempts
+    round: record what finished (queue.py `record_attempts`, its own transaction), write what
+           it says of each endpoint's health (health.py, its own transaction), then claim what
+           is due now, up to the free slots (`claim_attempts`, its own transaction), and start
+           those attempts
     wait:  until an attempt finishes, a wake-up arrives (PostgreSQL NOTIFY: events were
-           published), an endpoint's turn comes, or the poll interval (at most 1 s) passes
+           published), a walked endpoint's next retry falls due, or the poll interval passes;
+           not at all while the last walk did not get round every endpoint
 
 Everything an attempt depends on is read from the database at its claim. The process keeps only
-what it is doing right now: the attempts on the wire and the results not yet recorded, each
-under a lease that outlives the attempt (its timeout plus a slack), so nothing needs extending
-and a worker killed at any moment leaves leases that lapse by themselves. It never starts a
-second attempt of a delivery it is still sending or recording.
+what it is doing now: the attempts on the wire and the results not yet recorded, each under a
+lease that outlives it (outcomes.py: `RetryPolicy.lease`). An attempt starts within
+`START_WINDOW_SECONDS` of its claim or not at all, and runs at most the timeout, so no attempt
+is on the wire once its lease has lapsed, and a worker killed at any moment leaves leases that
+lapse by themselves. Each transaction of a round sets its own limits (`SET LOCAL`), so the
+connection carries no session state a pooler could hand to someone else.
 
 Attempts are tasks on an asyncio loop in a thread of its own, over one aiohttp session: a
 receiver that takes 200 ms, or never answers, costs a socket and a timer, not a thread. The
-database work runs on one more thread with one connection of its own, which carries a statement
-timeout, a lock timeout and TCP keepalives; a round that still takes longer than
-`ROUND_DEADLINE_SECONDS` (a connection gone half-open: no timeout of the server's can fire)
-has its socket shut, and the next round opens a new connection.
+database work runs on one more thread with one connection, opened by the loop and closed when it
+stops; a round that still takes longer than `ROUND_DEADLINE_SECONDS` (a connection gone
+half-open) has its socket shut, and the next round opens a new connection. Bulk changes run
+beside it, in the same process, on a thread of their own (bulk.py).
 
 If the loop itself dies (a bug), the process exits non-zero saying why, so that its supervisor
 starts it again: a worker that runs RQ and delivers nothing must not look alive.
@@ -51,39 +56,39 @@ from observability.metrics import (
     count_backing_service_error,
 )
 from services.connections import shut_socket
-from services.delivery_attempts import (
+from services.delivery.bulk import BulkRunner
+from services.delivery.health import EndpointNews, apply_news, news_of
+from services.delivery.outcomes import (
+    DATABASE_RETRY_SECONDS,
+    LOCK_TIMEOUT_SECONDS,
+    OWN_FAULT,
+    ROUND_DEADLINE_SECONDS,
+    START_WINDOW_SECONDS,
+    STATEMENT_TIMEOUT_SECONDS,
     Attempt,
     AttemptOutcome,
     Recorded,
     RetryPolicy,
-    claim_attempts,
-    record_attempts,
+    not_sent,
 )
+from services.delivery.queue import Claimed, claim_attempts, record_attempts
+from services.delivery.transport import Transport
 from services.endpoint_urls import UrlPolicy
 from services.failpoints import failpoint
+from services.psycopg_direct import fetch_all_on_psycopg
 from services.secret_box import InvalidToken
 from services.wakeups import listener_for
-from workers.transport import OWN_FAULT, Transport
 
 log = logging.getLogger("brand_api.webhooks")
 
-# After a round the database refused (an outage), the next waits this long.
-DATABASE_RETRY_SECONDS = 1.0
-# After an attempt ends, the next round waits up to this long for the others started with it
-# (attempts started together mostly end together; a round for each would cost a commit each).
-GATHER_SECONDS = 0.002
-# A round that found endpoints ready but could start nothing (their publishers had not
-# committed yet) waits at least this long before the next, so as not to spin.
-MIN_IDLE_SECONDS = 0.05
-# The loop's own connection: no statement of a round takes longer, nor waits longer for a lock.
-STATEMENT_TIMEOUT_MS = 15_000
-LOCK_TIMEOUT_MS = 5_000
-# A round longer than this has its connection's socket shut (see the module's docstring).
-ROUND_DEADLINE_SECONDS = 20.0
+# A claim walks at most this many endpoints per slot it could fill (and at least 64).
+WALK_PER_SLOT = 2
 # How often the loop writes its heartbeat (webhook_delivery_loops).
 HEARTBEAT_SECONDS = 1.0
 # The exit status of a worker whose loop died.
 EXIT_LOOP_DIED = 3
+# After its grace, a stopping loop waits this long for the attempts it abandoned to be noted.
+ABANDON_SECONDS = 5.0
 
 
 @dataclass
@@ -91,11 +96,11 @@ class Round:
     """What one round of database work came to."""
 
     recorded: list[tuple[Attempt, AttemptOutcome, Recorded]] = field(default_factory=list)
-    claimed: list[Attempt] = field(default_factory=list)
-    next_ready_at: datetime | None = None
+    claimed: Claimed = field(default_factory=Claimed)
+    disabled: list[tuple[str, str]] = field(default_factory=list)
     due_left: bool = False
     failed: bool = False
-    # Results not written (the round failed before their commit): recorded next round.
+    # Results not written (the round failed first, or their rows were locked): next round.
     unrecorded: list[tuple[Attempt, AttemptOutcome]] = field(default_factory=list)
 
 
@@ -116,8 +121,12 @@ class DeliveryLoop:
         self._decrypt = functools.lru_cache(maxsize=4096)(app.extensions["secret_box"].decrypt)
         self._running: dict[str, Attempt] = {}  # on the wire, by delivery id
         self._finished: list[tuple[Attempt, AttemptOutcome]] = []  # not recorded yet
-        self._cohort: set[str] = set()  # started by the last round, still running
+        self._news: dict[str, EndpointNews] = {}  # health not written yet (rows were locked)
+        self._cursor = ""  # where the next claim's walk begins
+        self._cycle_start: str | None = None  # where the walks since the last wait began
+        self._oldest_due_at: datetime | None = None
         self._stopping = False
+        self._abandoned = False
         self._idle = False
         self._failing = False  # the last round failed (logged once per outage)
         self._beat_at = 0.0
@@ -127,6 +136,7 @@ class DeliveryLoop:
         self._loop = asyncio.new_event_loop()
         self._wake = asyncio.Event()
         self._done = threading.Event()
+        self._bulk = BulkRunner(app)
         self._thread = threading.Thread(target=self._run, name="delivery-loop", daemon=True)
         self._thread.start()
         self._unsubscribe = listener_for(app).subscribe(self._on_wakeup)
@@ -140,24 +150,34 @@ class DeliveryLoop:
 
     def stop(self, grace: float) -> None:
         """Claim nothing more; wait up to `grace` for the attempts in flight (each over within
-        the timeout) and their records. What is still running then keeps its lease, which
-        lapses by itself."""
+        the timeout) and their records. Past it, what is still running is abandoned: its lease
+        lapses by itself. Either way the loop's connection is closed and this returns."""
         self._unsubscribe()
         self._loop.call_soon_threadsafe(self._begin_stop)
-        if not self._done.wait(grace):
+        clean = self._done.wait(grace)
+        if not clean:
             log.warning(
                 "stopping with %d attempt(s) in flight or unrecorded; their leases lapse",
                 len(self._running) + len(self._finished),
             )
-        else:
-            self._forget_heartbeat()
-        self._db.shutdown(wait=False, cancel_futures=True)
+            self._loop.call_soon_threadsafe(self._abandon)
+            self._done.wait(ABANDON_SECONDS)
+        self._bulk.stop(timeout=ABANDON_SECONDS)
+        with contextlib.suppress(Exception):
+            self._db.submit(self._close_connection, forget=clean).result(ABANDON_SECONDS)
+        self._db.shutdown(wait=False)
 
     def _on_wakeup(self, brand_ids) -> None:
         self._loop.call_soon_threadsafe(self._wake.set)
 
     def _begin_stop(self) -> None:
         self._stopping = True
+        self._wake.set()
+
+    def _abandon(self) -> None:
+        self._abandoned = True
+        for task in list(self._tasks):
+            task.cancel()
         self._wake.set()
 
     # --- the loop -------------------------------------------------------------------------------
@@ -190,18 +210,27 @@ class DeliveryLoop:
             policy=self.url_policy, timeout=self.timeout, connections=self.concurrency
         )
         try:
-            while not (self._stopping and not self._running and not self._finished):
+            while not self._stopping or self._running or (self._finished and not self._abandoned):
                 self._wake.clear()
                 failpoint("delivery.loop")  # tests make the loop itself fail here
                 batch, self._finished = self._finished, []
-                slots = 0 if self._stopping else self.concurrency - len(self._running)
+                if self._abandoned:
+                    batch = []
+                slots = 0 if self._stopping else self.concurrency - len(self._running) - len(batch)
                 held = [*self._running, *(attempt.delivery_id for attempt, _ in batch)]
                 done = await self._database_round(batch, slots, held)
                 self._finished = done.unrecorded + self._finished
                 for attempt, outcome, recorded in done.recorded:
                     _log_attempt(attempt, outcome, recorded)
-                self._cohort = {attempt.delivery_id for attempt in done.claimed}
-                for attempt in done.claimed:
+                for endpoint_id, why in done.disabled:
+                    ENDPOINTS_DISABLED_BY_SERVICE.inc()
+                    log.warning(
+                        "webhook endpoint %s disabled: %s",
+                        endpoint_id,
+                        why,
+                        extra={"endpoint_id": endpoint_id},
+                    )
+                for attempt in done.claimed.attempts:
                     self._start(attempt)
                 self._idle = not (self._running or self._finished or done.failed or done.due_left)
                 await self._wait(done, slots)
@@ -211,7 +240,7 @@ class DeliveryLoop:
     async def _database_round(self, batch: list, slots: int, held: list[str]) -> Round:
         """The round's database work on the database thread, under the round's deadline."""
         future = self._loop.run_in_executor(
-            self._db, self._round_on_database_thread, batch, slots, held, len(self._running)
+            self._db, self._round_on_database_thread, batch, slots, held
         )
         try:
             return await asyncio.wait_for(asyncio.shield(future), ROUND_DEADLINE_SECONDS)
@@ -224,48 +253,68 @@ class DeliveryLoop:
             self._shut_connection()
             return await future
 
-    def _round_on_database_thread(
-        self, batch: list, slots: int, held: list[str], running: int
-    ) -> Round:
-        """Record the batch, then claim up to `slots` (never one of `held`: this worker's
-        deliveries on the wire or waiting for their record), in one transaction: a commit costs
-        more than either (record_attempts writes a batch it cannot store row by row, each in a
-        transaction of its own, before the claim). A round the database refuses (an outage)
-        writes nothing: the batch is recorded next round (what a fallback already wrote is then
-        found recorded, and not written twice)."""
+    def _round_on_database_thread(self, batch: list, slots: int, held: list[str]) -> Round:
+        """Record the batch, write the endpoints' health, claim up to `slots` (never one of
+        `held`: this worker's deliveries on the wire or waiting for their record): three
+        transactions, so that none waits for another's trouble. A round the database refuses
+        (an outage) writes what it can: what was not recorded is recorded next round."""
         done = Round()
+        recorded_yet = not batch
         session = None
         try:
             session = self._session()
-            recorded: list = []
             if batch:
-                # Tests kill a worker here: the receiver has answered, nothing is recorded.
+                # Tests kill or stall a worker here: the receiver has answered, nothing is
+                # recorded.
                 failpoint("delivery.before_record")
+                self._limits(session)
                 recorded = record_attempts(batch, policy=self.policy)
+                recorded_yet = True
+                done.recorded = [
+                    (attempt, outcome, result)
+                    for (attempt, outcome), result in zip(batch, recorded, strict=True)
+                ]
+                done.unrecorded = [
+                    pair for pair, result in zip(batch, recorded, strict=True) if result.carried
+                ]
+                for endpoint_id, item in news_of(batch, recorded).items():
+                    known = self._news.get(endpoint_id)
+                    self._news[endpoint_id] = known.merge(item) if known else item
+            if self._news:
+                self._limits(session)
+                applied = apply_news(self._news, policy=self.policy)
+                session.commit()
+                self._news = applied.carried
+                done.disabled = applied.disabled
             failpoint("delivery.before_claim")  # tests slow a round down here
-            claimed = None
             if slots > 0:
+                self._limits(session)
+                cycle_start = self._cursor if self._cycle_start is None else self._cycle_start
                 claimed = claim_attempts(
+                    cursor=self._cursor,
+                    cycle_start=cycle_start,
                     slots=slots,
+                    walk_max=max(64, WALK_PER_SLOT * slots),
                     endpoint_limit=self.endpoint_limit,
                     token=self.owner + secrets.token_hex(12),
                     lease=self.policy.lease,
                     held=held,
+                    start_by=time.monotonic() + START_WINDOW_SECONDS,
                 )
-            session.commit()
-            done.recorded = [
-                (attempt, outcome, result)
-                for (attempt, outcome), result in zip(batch, recorded, strict=True)
-            ]
-            batch = []
-            if claimed is not None:
-                # Tests kill a worker here: leases taken, no attempt started.
+                self._cursor = claimed.cursor
+                self._cycle_start = None if claimed.round_done else cycle_start
+                self._note_oldest_due(claimed)
+                self._heartbeat(session)
+                session.commit()
+                # Tests stall a worker here: leases taken, no attempt started.
                 failpoint("delivery.after_claim")
-                done.claimed, done.next_ready_at = claimed.attempts, claimed.next_ready_at
-            if self.burst and running == 0 and not done.claimed:
+                done.claimed = claimed
+            else:
+                self._heartbeat(session)
+                session.commit()
+            if self.burst and not self._running and not done.claimed.attempts:
                 done.due_left = bool(session.execute(_ANYTHING_DUE).scalar())
                 session.commit()
-            self._heartbeat(session)
             if self._failing:
                 log.info("webhook delivery rounds work again")
                 self._failing = False
@@ -283,8 +332,24 @@ class DeliveryLoop:
                 )
             self._failing = True
             done.failed = True
-            done.unrecorded = batch
+            if not recorded_yet:
+                done.unrecorded = batch
         return done
+
+    def _limits(self, session: Session) -> None:
+        """The transaction's own limits, set at its start (a pooler may give the next
+        transaction another server connection: nothing is set for the session)."""
+        fetch_all_on_psycopg(session.connection(), _LIMITS, {})
+
+    def _note_oldest_due(self, claimed: Claimed) -> None:
+        """The oldest due time this loop saw waiting over its last walk round every endpoint
+        (what GET /metrics shows as the delivery lag)."""
+        if claimed.oldest_due_at is not None and (
+            self._oldest_due_at is None or claimed.oldest_due_at < self._oldest_due_at
+        ):
+            self._oldest_due_at = claimed.oldest_due_at
+        if claimed.round_done:
+            self._oldest_due_at = claimed.oldest_due_at
 
     # --- the database thread's connection -------------------------------------------------------
 
@@ -292,18 +357,10 @@ class DeliveryLoop:
         """The database thread's session on its own connection, opened when there is none:
         Flask-SQLAlchemy's scoped session, bound to it."""
         if self._connection is None:
-            connection = db.engine.connect()
-            connection.exec_driver_sql(f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}")
-            connection.exec_driver_sql(f"SET lock_timeout = {LOCK_TIMEOUT_MS}")
-            # The claim and the record are a few statements run every round (psycopg prepares
-            # them after five): planned once, not at every execution, where planning cost more
-            # than running them (3 ms against 1 for the claim's).
-            connection.exec_driver_sql("SET plan_cache_mode = force_generic_plan")
-            connection.commit()
-            self._connection = connection
+            self._connection = db.engine.connect()
             # Flask-SQLAlchemy types its registry for its own Session, which chooses among
             # binds; this plain one is bound to its one connection.
-            db.session.registry.set(Session(bind=connection))  # type: ignore[arg-type]
+            db.session.registry.set(Session(bind=self._connection))  # type: ignore[arg-type]
         return db.session()
 
     def _drop_session(self, session: Session | None) -> None:
@@ -320,6 +377,21 @@ class DeliveryLoop:
                 connection.invalidate()
                 connection.close()
 
+    def _close_connection(self, forget: bool) -> None:
+        """At the end: the heartbeat's row goes (a clean stop), and the connection is closed."""
+        if self._connection is None:
+            return
+        session = self._session()
+        if forget:
+            with contextlib.suppress(Exception):
+                session.execute(_FORGET_HEARTBEAT, {"id": self.loop_id})
+                session.commit()
+        connection, self._connection = self._connection, None
+        with contextlib.suppress(Exception):
+            session.close()
+            db.session.registry.clear()
+            connection.close()
+
     def _shut_connection(self) -> None:
         """From the loop's thread: shut the database thread's socket, so that its blocked call
         fails at once instead of waiting on a peer that will never answer."""
@@ -332,52 +404,54 @@ class DeliveryLoop:
         if now - self._beat_at < HEARTBEAT_SECONDS:
             return
         session.execute(
-            _HEARTBEAT, {"id": self.loop_id, "hostname": socket.gethostname(), "pid": os.getpid()}
+            _HEARTBEAT,
+            {
+                "id": self.loop_id,
+                "hostname": socket.gethostname(),
+                "pid": os.getpid(),
+                "oldest_due_at": self._oldest_due_at,
+            },
         )
-        session.commit()
         self._beat_at = now
-
-    def _forget_heartbeat(self) -> None:
-        try:
-            with self.app.app_context(), db.engine.begin() as connection:
-                connection.execute(_FORGET_HEARTBEAT, {"id": self.loop_id})
-        except Exception:  # noqa: S110 - the row ages out by itself
-            pass
 
     # --- waiting --------------------------------------------------------------------------------
 
     async def _wait(self, done: Round, slots: int) -> None:
-        """Until something to do: an attempt finished, a wake-up, an endpoint's turn, or the
-        poll interval. After a failed round, a pause whatever happens: the results wait in
-        memory, under leases that outlast this pause."""
+        """Until something to do: an attempt finished, a wake-up, a retry falls due, or the poll
+        interval. None while results wait, or the walks have not gone round and slots are free
+        (a result whose rows were locked waits, though). After a failed
+        round, a pause whatever happens: the results wait in memory, under leases that outlast
+        this pause."""
         if done.failed:
             await asyncio.sleep(DATABASE_RETRY_SECONDS)
             return
+        fresh = len(self._finished) > len(done.unrecorded)  # results beyond the carried ones
+        if fresh or (not done.claimed.round_done and len(done.claimed.attempts) < slots):
+            await asyncio.sleep(0)  # the attempts' callbacks run, then the next round
+            return
         timeout = self.poll_interval
-        if done.next_ready_at is not None and len(self._running) < self.concurrency:
-            until_ready = (done.next_ready_at - utcnow()).total_seconds()
-            floor = 0.0 if done.claimed else MIN_IDLE_SECONDS
-            timeout = min(timeout, max(floor, until_ready))
-        if timeout > 0 and not self._finished:
-            try:
+        if done.claimed.next_due_at is not None:
+            until_due = (done.claimed.next_due_at - utcnow()).total_seconds()
+            timeout = min(timeout, max(0.0, until_due))
+        if timeout > 0:
+            with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout):
                     await self._wake.wait()
-            except TimeoutError:
-                pass
-        gather_until = time.monotonic() + GATHER_SECONDS
-        while self._finished and self._cohort and time.monotonic() < gather_until:
-            self._wake.clear()
-            try:
-                async with asyncio.timeout(gather_until - time.monotonic()):
-                    await self._wake.wait()
-            except TimeoutError:
-                break
 
     # --- attempting -----------------------------------------------------------------------------
 
     def _start(self, attempt: Attempt) -> None:
         if attempt.delivery_id in self._running:  # the claim excludes these; never twice
             log.error("delivery %s claimed while still on the wire", attempt.delivery_id)
+            return
+        if time.monotonic() > attempt.start_by:
+            # The claim came back too late (a stalled process): sending now could outlast the
+            # lease. Nothing is sent; the lease lapses and the next claim takes the delivery.
+            log.warning(
+                "delivery %s not started: its claim is over %gs old; its lease lapses",
+                attempt.delivery_id,
+                START_WINDOW_SECONDS,
+            )
             return
         self._running[attempt.delivery_id] = attempt
         task = self._loop.create_task(self._attempt(attempt))
@@ -389,9 +463,10 @@ class DeliveryLoop:
         try:
             current, previous = self._secrets(attempt)
             if current is None:
-                outcome = _not_sent(
+                outcome = not_sent(
                     f"{OWN_FAULT} cannot decrypt the signing secret (ENCRYPTION_KEY changed?); "
-                    "rotate the endpoint's secret"
+                    "rotate the endpoint's secret",
+                    utcnow(),
                 )
             else:
                 outcome = await self._transport.send_attempt(
@@ -405,12 +480,11 @@ class DeliveryLoop:
                 )
         except Exception as error:  # never lose track of a leased delivery
             log.exception("webhook attempt of %s failed unexpectedly", attempt.delivery_id)
-            outcome = _not_sent(f"{OWN_FAULT} failed ({type(error).__name__})")
+            outcome = not_sent(f"{OWN_FAULT} failed ({type(error).__name__})", utcnow())
         finally:
-            outcome = outcome or _not_sent(f"{OWN_FAULT} stopped")
+            outcome = outcome or not_sent(f"{OWN_FAULT} stopped", utcnow())
             count_attempt(outcome.kind, outcome.duration_ms / 1000)
             del self._running[attempt.delivery_id]
-            self._cohort.discard(attempt.delivery_id)
             self._finished.append((attempt, outcome))
             self._wake.set()
 
@@ -429,12 +503,10 @@ class DeliveryLoop:
         return current, previous
 
 
-def _not_sent(why: str) -> AttemptOutcome:
-    return AttemptOutcome(requested_at=utcnow(), duration_ms=0, request_headers={}, error=why)
-
-
 def _log_attempt(attempt: Attempt, outcome: AttemptOutcome, recorded: Recorded) -> None:
     # Successes are the bulk and live in the delivery log; failures are what operators watch.
+    if recorded.carried:
+        return  # logged when it is written
     log.log(
         logging.DEBUG if outcome.succeeded and recorded.kept else logging.INFO,
         "webhook attempt delivery=%s endpoint=%s attempt=%d status=%s http=%s ms=%d%s%s",
@@ -457,31 +529,28 @@ def _log_attempt(attempt: Attempt, outcome: AttemptOutcome, recorded: Recorded) 
             "duration_ms": outcome.duration_ms,
         },
     )
-    if recorded.endpoint_disabled:
-        ENDPOINTS_DISABLED_BY_SERVICE.inc()
-        log.warning(
-            "webhook endpoint %s disabled: %s",
-            attempt.endpoint_id,
-            outcome.error,
-            extra={"endpoint_id": attempt.endpoint_id},
-        )
 
 
+_LIMITS = (
+    f"SELECT set_config('statement_timeout', '{int(STATEMENT_TIMEOUT_SECONDS * 1000)}', true),"
+    f" set_config('lock_timeout', '{int(LOCK_TIMEOUT_SECONDS * 1000)}', true),"
+    " set_config('jit', 'off', true)"
+)
 # Is anything due now, held back by a breaker or not (a burst worker is not done while so)?
 _ANYTHING_DUE = text(
     """
     SELECT EXISTS (SELECT 1 FROM webhook_delivery_queue
                    WHERE next_attempt_at <= statement_timestamp())
-        OR EXISTS (SELECT 1 FROM webhook_delivery_leases AS lease
-                   JOIN webhook_deliveries AS d ON d.id = lease.delivery_id
-                   WHERE d.status = 'pending')
+        OR EXISTS (SELECT 1 FROM webhook_delivery_leases)
     """
 )
 _HEARTBEAT = text(
     """
-    INSERT INTO webhook_delivery_loops (id, hostname, pid, started_at, last_round_at)
-    VALUES (:id, :hostname, :pid, statement_timestamp(), statement_timestamp())
-    ON CONFLICT (id) DO UPDATE SET last_round_at = excluded.last_round_at
+    INSERT INTO webhook_delivery_loops (id, hostname, pid, started_at, last_round_at,
+                                        oldest_due_at)
+    VALUES (:id, :hostname, :pid, statement_timestamp(), statement_timestamp(), :oldest_due_at)
+    ON CONFLICT (id) DO UPDATE
+    SET last_round_at = excluded.last_round_at, oldest_due_at = excluded.oldest_due_at
     """
 )
 _FORGET_HEARTBEAT = text("DELETE FROM webhook_delivery_loops WHERE id = :id")
@@ -508,4 +577,4 @@ def stop_delivery_loop(grace: float) -> None:
         loop.stop(grace)
 
 
-__all__ = ["DeliveryLoop", "start_delivery_loop", "stop_delivery_loop"]
+__all__ = ["EXIT_LOOP_DIED", "DeliveryLoop", "start_delivery_loop", "stop_delivery_loop"]

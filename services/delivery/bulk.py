@@ -1,0 +1,385 @@
+"""Bulk changes to an endpoint's deliveries, apart from the delivery round: each is a row of
+`webhook_bulk_jobs` (models/bulk_job.py) written in O(1) by whoever decided it, and carried out
+by every worker's `BulkRunner` in batches of at most `BATCH_ROWS` rows, one transaction each. A
+request that asks for one (a person disabled an endpoint, or asked to retry now) also runs its
+first batch itself, so that what a person does takes effect at once for all but the largest
+queues; the delivery round never does (a batch is tens of milliseconds it must not spend). A job
+whose worker dies mid-batch is taken up by the next runner: every batch re-reads what is left,
+so nothing is done twice and nothing is stranded.
+
+- `end_pending`: an endpoint was disabled or deleted. Its queued deliveries (those created
+  before the request, or all while it stays closed) and its lapsed leases end `failed` with
+  the job's note; attempts in flight are left to their record. Until the job is done no claim
+  takes the endpoint's work, so a re-enabled endpoint sends nothing it had before.
+- `retry_now` (CONTRACT 12.4): every delivery waiting for a retry becomes due now, a
+  receiver's Retry-After overridden (a person asked).
+- `catch_up`: a down endpoint answered again: the same, keeping a receiver's Retry-After.
+- `release_held`: ordering was turned off; every held delivery is due again in its place.
+
+Runners take turns over the open jobs (the one whose last batch is oldest goes next), so one
+brand's 250,000 rows never hold up another brand's retry-now, and rest after each batch as long
+as it took: bulk work gets at most half of one database connection per worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime
+
+from flask import Flask
+from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session
+
+from extensions import db
+from models.bulk_job import CATCH_UP, END_PENDING, RELEASE_HELD, RETRY_NOW
+from models.webhook_endpoint import NO_ORDERING, endpoint_is_open_sql
+from services.wakeups import listener_for, notify_brand
+
+log = logging.getLogger("brand_api.webhooks")
+
+BATCH_ROWS = 1000
+# Each batch is one transaction under these.
+STATEMENT_TIMEOUT = "5s"
+LOCK_TIMEOUT = "1s"
+# With nothing to do, a runner looks again after this long (a wake-up comes sooner, but never
+# sooner than the debounce).
+IDLE_SECONDS = 1.0
+WAKE_DEBOUNCE_SECONDS = 0.1
+# Finished jobs are kept this long (their progress stays readable), then deleted.
+KEEP_FINISHED = "1 day"
+
+
+def request_job(
+    *,
+    kind: str,
+    brand_id: str,
+    endpoint_id: str,
+    note: str | None = None,
+    now: datetime | None = None,
+    first_batch: bool = False,
+) -> None:
+    """Ask for a job in the caller's transaction; one already open of that kind for the
+    endpoint is joined (it will reach what this one would). With `first_batch`, run one batch
+    of it now, in this transaction, unless a runner holds it. Workers are woken at commit."""
+    db.session.execute(
+        _REQUEST,
+        {
+            "kind": kind,
+            "brand_id": brand_id,
+            "endpoint_id": endpoint_id,
+            "note": note,
+            "now": now,
+        },
+    )
+    if first_batch:
+        job = db.session.execute(_OPEN_JOB, {"kind": kind, "endpoint_id": endpoint_id}).first()
+        if job is not None:
+            db.session.execute(text(f"SET LOCAL statement_timeout = '{STATEMENT_TIMEOUT}'"))
+            _run_batch(job)
+    notify_brand(brand_id)
+
+
+_REQUEST = text(
+    """
+    INSERT INTO webhook_bulk_jobs (kind, brand_id, endpoint_id, note, requested_at, last_run_at)
+    VALUES (:kind, :brand_id, :endpoint_id, :note,
+            COALESCE(CAST(:now AS timestamptz), statement_timestamp()), '-infinity')
+    ON CONFLICT (kind, endpoint_id) WHERE finished_at IS NULL AND endpoint_id IS NOT NULL
+    DO NOTHING
+    """
+)
+
+
+@dataclass(frozen=True)
+class JobProgress:
+    kind: str
+    done: int
+    finished: bool
+
+
+def open_jobs(endpoint_id: str) -> list[JobProgress]:
+    """The endpoint's jobs under way (the dashboard shows their progress)."""
+    rows = db.session.execute(
+        text(
+            "SELECT kind, done FROM webhook_bulk_jobs"
+            " WHERE endpoint_id = :endpoint_id AND finished_at IS NULL ORDER BY id"
+        ),
+        {"endpoint_id": endpoint_id},
+    ).all()
+    return [JobProgress(kind=row.kind, done=row.done, finished=False) for row in rows]
+
+
+@dataclass(frozen=True)
+class BatchRun:
+    job_id: int
+    changed: int
+    finished: bool
+
+
+def run_one_batch() -> BatchRun | None:
+    """Take the open job whose turn it is (one no other runner holds), run one batch of it,
+    and commit; None when there was none. A batch that fails puts its job at the back of the
+    line before the error goes up, so that one failing job never holds up the others."""
+    session = db.session
+    session.execute(text(f"SET LOCAL statement_timeout = '{STATEMENT_TIMEOUT}'"))
+    session.execute(text(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"))
+    job = session.execute(_NEXT_JOB).first()
+    if job is None:
+        session.commit()
+        return None
+    try:
+        changed, finished = _run_batch(job)
+        session.commit()
+    except Exception:
+        session.rollback()
+        with contextlib.suppress(Exception):
+            session.execute(_PROGRESS, {"id": job.id, "changed": 0, "finished": False})
+            session.commit()
+        raise
+    if finished:
+        log.info("bulk job %s (%s of endpoint %s) finished", job.id, job.kind, job.endpoint_id)
+    return BatchRun(job_id=job.id, changed=changed, finished=finished)
+
+
+def _run_batch(job) -> tuple[int, bool]:
+    """One batch of the job (locked by the caller), and its progress: rows changed, and
+    whether it is done."""
+    changed, finished = _BATCHES[job.kind](db.session, job)
+    db.session.execute(_PROGRESS, {"id": job.id, "changed": changed, "finished": finished})
+    if changed and job.kind != END_PENDING:
+        notify_brand(job.brand_id)  # due work: the loops claim it now
+    return changed, finished
+
+
+_OPEN_JOB = text(
+    """
+    SELECT id, kind, brand_id, endpoint_id, note, requested_at FROM webhook_bulk_jobs
+    WHERE kind = :kind AND endpoint_id = :endpoint_id AND finished_at IS NULL
+    FOR UPDATE SKIP LOCKED
+    """
+)
+_NEXT_JOB = text(
+    """
+    SELECT id, kind, brand_id, endpoint_id, note, requested_at FROM webhook_bulk_jobs
+    WHERE finished_at IS NULL ORDER BY last_run_at, id LIMIT 1 FOR UPDATE SKIP LOCKED
+    """
+)
+_PROGRESS = text(
+    """
+    UPDATE webhook_bulk_jobs
+    SET done = done + :changed, last_run_at = statement_timestamp(),
+        finished_at = CASE WHEN :finished THEN statement_timestamp() END
+    WHERE id = :id
+    """
+)
+
+
+def _end_pending(session: Session, job) -> tuple[int, bool]:
+    row = session.execute(
+        _END_PENDING,
+        {
+            "endpoint_id": job.endpoint_id,
+            "requested_at": job.requested_at,
+            "note": job.note or "Endpoint disabled or deleted",
+            "batch": BATCH_ROWS,
+        },
+    ).one()
+    return row.failed, row.picked == 0 and not row.in_flight
+
+
+# The endpoint's queued deliveries made before the request (all of them while it stays
+# closed: a publish that raced its closing included) and its lapsed leases, a batch of them,
+# ended `failed`; whether any lease is still out (its record settles it; the job waits).
+_END_PENDING = text(
+    f"""
+    WITH endpoint AS (
+        SELECT {endpoint_is_open_sql("e")} AS open FROM webhook_endpoints AS e
+        WHERE e.id = :endpoint_id
+    ),
+    doomed AS MATERIALIZED (
+        SELECT q.delivery_id FROM webhook_delivery_queue AS q
+        JOIN webhook_deliveries AS d ON d.id = q.delivery_id
+        WHERE q.endpoint_id = :endpoint_id
+          AND (NOT COALESCE((SELECT open FROM endpoint), false)
+               OR d.created_at <= :requested_at)
+        LIMIT :batch
+        FOR UPDATE OF q SKIP LOCKED
+    ),
+    lapsed AS MATERIALIZED (
+        SELECT l.delivery_id FROM webhook_delivery_leases AS l
+        WHERE l.endpoint_id = :endpoint_id AND l.leased_until < statement_timestamp()
+        LIMIT :batch
+        FOR UPDATE OF l SKIP LOCKED
+    ),
+    unqueued AS (
+        DELETE FROM webhook_delivery_queue
+        WHERE delivery_id IN (SELECT delivery_id FROM doomed) RETURNING delivery_id
+    ),
+    unleased AS (
+        DELETE FROM webhook_delivery_leases
+        WHERE delivery_id IN (SELECT delivery_id FROM lapsed) RETURNING delivery_id
+    ),
+    failed AS (
+        UPDATE webhook_deliveries
+        SET status = 'failed', failed_at = statement_timestamp(), last_error = :note,
+            next_attempt_at = NULL
+        WHERE id IN (SELECT delivery_id FROM unqueued UNION ALL SELECT delivery_id FROM unleased)
+          AND status = 'pending'
+        RETURNING id
+    )
+    SELECT (SELECT count(*) FROM failed) AS failed,
+           (SELECT count(*) FROM doomed) + (SELECT count(*) FROM lapsed) AS picked,
+           EXISTS (SELECT 1 FROM webhook_delivery_leases AS l
+                   WHERE l.endpoint_id = :endpoint_id
+                     AND l.delivery_id NOT IN (SELECT delivery_id FROM lapsed)) AS in_flight
+    """  # noqa: S608 - constant SQL, put together at import
+)
+
+
+def _bring_forward(override: bool):
+    def batch(session: Session, job) -> tuple[int, bool]:
+        brought = session.execute(
+            _BRING_FORWARD,
+            {"endpoint_id": job.endpoint_id, "override": override, "batch": BATCH_ROWS},
+        ).scalar_one()
+        return brought, brought < BATCH_ROWS
+
+    return batch
+
+
+# A batch of the endpoint's deliveries waiting for a retry (queued after a failed attempt, due
+# later), due now: the ones a receiver's Retry-After still holds are kept unless `override`.
+# A held one (null) waits for an earlier one of its subject, not for a time: it stays held.
+_BRING_FORWARD = text(
+    """
+    WITH picked AS MATERIALIZED (
+        SELECT q.delivery_id FROM webhook_delivery_queue AS q
+        WHERE q.endpoint_id = :endpoint_id AND q.attempt_count > 0
+          AND q.next_attempt_at > statement_timestamp()
+          AND (CAST(:override AS boolean) OR q.not_before IS NULL
+               OR q.not_before <= statement_timestamp())
+        ORDER BY q.next_attempt_at
+        LIMIT :batch
+        FOR UPDATE OF q SKIP LOCKED
+    ),
+    brought AS (
+        UPDATE webhook_delivery_queue AS q
+        SET next_attempt_at = statement_timestamp(), not_before = NULL
+        FROM picked WHERE q.delivery_id = picked.delivery_id
+        RETURNING q.delivery_id, q.next_attempt_at
+    ),
+    shown AS (
+        UPDATE webhook_deliveries AS d SET next_attempt_at = brought.next_attempt_at
+        FROM brought WHERE d.id = brought.delivery_id
+    )
+    SELECT count(*) FROM brought
+    """
+)
+
+
+def _release_held(session: Session, job) -> tuple[int, bool]:
+    released = session.execute(
+        _RELEASE_HELD,
+        {"endpoint_id": job.endpoint_id, "batch": BATCH_ROWS, "none": NO_ORDERING},
+    ).scalar_one()
+    return released, released < BATCH_ROWS
+
+
+# A batch of the endpoint's held deliveries, due again in their place from before they were
+# held, while its ordering stays off (turned on again, the claim holds what it must).
+_RELEASE_HELD = text(
+    """
+    WITH picked AS MATERIALIZED (
+        SELECT q.delivery_id FROM webhook_delivery_queue AS q
+        WHERE q.endpoint_id = :endpoint_id AND q.next_attempt_at IS NULL
+          AND EXISTS (SELECT 1 FROM webhook_endpoints AS e
+                      WHERE e.id = :endpoint_id AND e.ordering = :none)
+        LIMIT :batch
+        FOR UPDATE OF q SKIP LOCKED
+    ),
+    released AS (
+        UPDATE webhook_delivery_queue AS q
+        SET next_attempt_at = LEAST(d.next_attempt_at, statement_timestamp()),
+            held_behind = NULL
+        FROM picked JOIN webhook_deliveries AS d ON d.id = picked.delivery_id
+        WHERE q.delivery_id = picked.delivery_id
+        RETURNING 1
+    )
+    SELECT count(*) FROM released
+    """
+)
+
+_BATCHES = {
+    END_PENDING: _end_pending,
+    RETRY_NOW: _bring_forward(override=True),
+    CATCH_UP: _bring_forward(override=False),
+    RELEASE_HELD: _release_held,
+}
+
+_FORGET_FINISHED = text(
+    f"""
+    DELETE FROM webhook_bulk_jobs WHERE id IN (
+        SELECT id FROM webhook_bulk_jobs
+        WHERE finished_at < statement_timestamp() - interval '{KEEP_FINISHED}'
+        LIMIT {BATCH_ROWS})
+    """  # noqa: S608 - constant SQL, put together at import
+)
+
+
+class BulkRunner:
+    """A thread of a worker process that runs bulk jobs, batch after batch, until stopped."""
+
+    def __init__(self, app: Flask) -> None:
+        self.app = app
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bulk-runner", daemon=True)
+        self._unsubscribe = listener_for(app).subscribe(lambda brands: self._wake.set())
+        self._thread.start()
+
+    def stop(self, timeout: float) -> None:
+        """Stop after the batch under way (each is a few seconds at most)."""
+        self._unsubscribe()
+        self._stopping.set()
+        self._wake.set()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        with self.app.app_context():
+            failing = False
+            while not self._stopping.is_set():
+                started = time.monotonic()
+                try:
+                    batch = run_one_batch()
+                    if batch is None:
+                        db.session.execute(_FORGET_FINISHED)
+                        db.session.commit()
+                    # A job with nothing to do yet (it waits for attempts in flight) is looked
+                    # at again after a pause, not at once.
+                    worked = batch is not None and (batch.changed > 0 or batch.finished)
+                    failing = False
+                except Exception as error:
+                    db.session.rollback()
+                    worked = False
+                    if not failing:  # an outage is one line, not one a second
+                        log.warning(
+                            "bulk job batch failed (%s); trying again",
+                            type(error).__name__,
+                            exc_info=not isinstance(error, OperationalError),
+                        )
+                    failing = True
+                finally:
+                    db.session.remove()
+                if worked:
+                    # Rest as long as the batch took: half a connection, never all of it.
+                    self._stopping.wait(time.monotonic() - started)
+                else:
+                    # Publishes wake it too, many a second: it looks at most ten times a second.
+                    self._stopping.wait(WAKE_DEBOUNCE_SECONDS)
+                    self._wake.wait(IDLE_SECONDS)
+                    self._wake.clear()
