@@ -37,6 +37,8 @@ from services.webhook_endpoints import retry_pending, send_example_event
 from workers.connection import redis_connection
 
 events = AppGroup("events", help="Webhook events.")
+# The count alone on stdout, for a script: what the sentence printed without it starts with.
+QUIET = click.option("--quiet", "-q", is_flag=True, help="Print the number alone.")
 WORKER_SILENCE = timedelta(seconds=60)
 
 _EVENT_LIST = "\b\nEVENT_NAME is one of:\n" + "\n".join(f"  {name}" for name in EVENT_NAMES)
@@ -121,18 +123,20 @@ def emit_command(
     type=click.DateTime(["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%d %H:%M:%S%z"]),
     help="…and before this one (default: now).",
 )
-def recover_command(brand_id: str, endpoint_id: str, since, until) -> None:
+@QUIET
+def recover_command(brand_id: str, endpoint_id: str, since, until, quiet: bool) -> None:
     """Send again what failed to an endpoint.
 
     Every failed delivery of ENDPOINT_ID created in the window, once, in the order they were
-    first created (after a receiver's outage); prints how many were queued. The same as the
-    API's recover and the endpoint page's "Send again what failed"."""
+    first created (after a receiver's outage); prints how many were queued, in a line that
+    says so (with --quiet, the number alone). The same as the API's recover and the endpoint
+    page's "Send again what failed"."""
     with command_transaction():
         get_brand(brand_id)
         recovered = recover_failed_deliveries(
             brand_id=brand_id, endpoint_id=endpoint_id, since=since, until=until
         )
-    click.echo(recovered.queued)
+    click.echo(recovered.queued if quiet else _recovered(recovered.queued, endpoint_id))
     if recovered.queued:
         waiting = _why_nothing_sends()
         if waiting:
@@ -142,16 +146,17 @@ def recover_command(brand_id: str, endpoint_id: str, since, until) -> None:
 @events.command("retry-pending")
 @click.argument("brand_id")
 @click.argument("endpoint_id")
-def retry_pending_command(brand_id: str, endpoint_id: str) -> None:
+@QUIET
+def retry_pending_command(brand_id: str, endpoint_id: str, quiet: bool) -> None:
     """Send now what waits for a retry to an endpoint.
 
     Every pending delivery of ENDPOINT_ID waiting for its next retry becomes due now (once its
-    receiver is fixed); prints how many. The same as the API's retry-pending and the endpoint
-    page's "Retry the N waiting deliveries now"."""
+    receiver is fixed); prints how many, in a line that says so (with --quiet, the number
+    alone). The same as the API's retry-pending and the endpoint page's "Retry now"."""
     with command_transaction():
         get_brand(brand_id)
         due = retry_pending(brand_id=brand_id, endpoint_id=endpoint_id)
-    click.echo(due)
+    click.echo(due if quiet else _made_due(due, endpoint_id))
     if due:
         waiting = _why_nothing_sends()
         if waiting:
@@ -189,6 +194,23 @@ def purge_expired_command(batch_size: int, rest_ratio: float) -> None:
             rest_ratio=rest_ratio,
         )
     click.echo(json.dumps(asdict(purged)))
+
+
+def _made_due(due: int, endpoint_id: str) -> str:
+    """What retry-pending did, in a line that starts with the count."""
+    if not due:
+        return f"0 deliveries to {endpoint_id} were waiting for a retry: nothing to send sooner"
+    if due == 1:
+        return f"1 delivery to {endpoint_id} waiting for a retry is due now"
+    return f"{due} deliveries to {endpoint_id} waiting for a retry are due now"
+
+
+def _recovered(queued: int, endpoint_id: str) -> str:
+    """What recover did, in a line that starts with the count."""
+    if not queued:
+        return f"0 failed deliveries to {endpoint_id} in that window were left to send again"
+    noun = "delivery" if queued == 1 else "deliveries"
+    return f"{queued} failed {noun} to {endpoint_id} queued again, as new deliveries"
 
 
 def _why_nothing_sends() -> str | None:

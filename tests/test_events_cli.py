@@ -312,9 +312,15 @@ def test_recover_prints_how_many_failures_it_queued_again(app, runner, brand, wr
     recent = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(time.time() - 3600))
     result = runner.invoke(args=["events", "recover", brand, endpoint["id"], "--since", recent])
     assert result.exit_code == 0, result.output
-    assert result.stdout.strip() == "1"
+    assert result.stdout == (
+        f"1 failed delivery to {endpoint['id']} queued again, as new deliveries\n"
+    )
     again = runner.invoke(args=["events", "recover", brand, endpoint["id"], "--since", recent])
-    assert again.stdout.strip() == "0"
+    assert again.stdout == (
+        f"0 failed deliveries to {endpoint['id']} in that window were left to send again\n"
+    )
+    quiet = ["events", "recover", brand, endpoint["id"], "--since", recent, "--quiet"]
+    assert runner.invoke(args=quiet).stdout == "0\n"  # for a script: the number alone
     unknown = runner.invoke(args=["events", "recover", brand, "whe_nope", "--since", recent])
     assert unknown.exit_code != 0 and "whe_nope" in unknown.output
 
@@ -329,7 +335,8 @@ def wait_for_a_retry_in_an_hour(app, delivery_id: str) -> None:
         db.session.commit()
 
 
-def test_retry_pending_prints_how_many_are_due_now(app, app_environ, client, brand, write_key):
+def test_retry_pending_says_how_many_it_made_due_now(app, app_environ, client, brand, write_key):
+    """One line that says what was done, its count first; `--quiet`: the count alone."""
     endpoint = register(client, brand, write_key, ["deal.completed"])
     with app.app_context():
         published = [
@@ -345,11 +352,19 @@ def test_retry_pending_prints_how_many_are_due_now(app, app_environ, client, bra
     result = flask_command(app_environ, "events", "retry-pending", brand, endpoint)
 
     assert result.returncode == 0, result.stderr
-    assert result.stdout == "2\n"
+    assert result.stdout == f"2 deliveries to {endpoint} waiting for a retry are due now\n"
     for delivery in deliveries(client, brand, write_key):
         assert delivery["nextRetryAt"] is None or delivery["nextRetryAt"] <= iso_now()
     again = flask_command(app_environ, "events", "retry-pending", brand, endpoint)
-    assert (again.returncode, again.stdout) == (0, "0\n")
+    assert (again.returncode, again.stdout) == (
+        0,
+        f"0 deliveries to {endpoint} were waiting for a retry: nothing to send sooner\n",
+    )
+    wait_for_a_retry_in_an_hour(app, published[2].delivery_ids[0])
+    one = flask_command(app_environ, "events", "retry-pending", brand, endpoint)
+    assert one.stdout == f"1 delivery to {endpoint} waiting for a retry is due now\n"
+    quiet = flask_command(app_environ, "events", "retry-pending", "--quiet", brand, endpoint)
+    assert (quiet.returncode, quiet.stdout) == (0, "0\n")
 
 
 def test_retry_pending_of_an_unknown_brand_or_endpoint_is_a_one_line_error(
