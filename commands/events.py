@@ -22,7 +22,7 @@ from rq.worker import BaseWorker
 from commands import command_transaction
 from extensions import db
 from models.columns import utcnow
-from models.event_catalog import EVENT_NAMES, is_event_name, sample_data
+from models.event_catalog import EVENT_NAMES, fresh_sample_data, is_event_name
 from schemas.events import load_event_data
 from services.brands import get_brand
 from services.deliveries import recover_failed_deliveries
@@ -52,8 +52,9 @@ _EVENT_LIST = "\b\nEVENT_NAME is one of:\n" + "\n".join(f"  {name}" for name in 
     "data_json",
     default=None,
     help="The event's `data` as a JSON object with every field the event has, as the OpenAPI "
-    "document's `webhooks` section states it; default: the catalogue's sample for the event "
-    "(whose ids are samples, not records of the brand).",
+    "document's `webhooks` section states it; default: the catalogue's sample for the event, "
+    "with new sample ids each time (so a new subject, at sequence 1; they are not records of "
+    "the brand).",
 )
 @click.option(
     "--endpoint",
@@ -74,7 +75,11 @@ def emit_command(
         raise click.ClickException(
             f"Unknown event {event_name!r}; one of: {', '.join(EVENT_NAMES)}"
         )
-    data = None if data_json is None else _event_data(event_name, data_json)
+    # A new sample subject each time: one sample deal would climb in sequence across emits
+    # that have nothing to do with one another.
+    data = (
+        fresh_sample_data(event_name) if data_json is None else _event_data(event_name, data_json)
+    )
     with command_transaction():
         get_brand(brand_id)  # a clear "no such brand" rather than a foreign-key failure
         if endpoint_id is not None:
@@ -82,18 +87,17 @@ def emit_command(
                 brand_id=brand_id, endpoint_id=endpoint_id, name=event_name, data=data
             )
         else:
-            published = publish_event(
-                brand_id=brand_id,
-                name=event_name,
-                data=sample_data(event_name) if data is None else data,
-            )
+            published = publish_event(brand_id=brand_id, name=event_name, data=data)
     click.echo(published.event.id)
+    event = published.event
     if data_json is None:
         click.echo(
-            f"No --data: sent the catalogue's sample data for {event_name}; its ids are samples, "
-            "not records of this brand.",
+            f"No --data: sent the catalogue's sample data for {event_name}, about a new sample "
+            f"{event.subject_type} ({event.subject_key}, sequence {event.sequence}); its ids "
+            "are samples, not records of this brand.",
             err=True,
         )
+
     queued = len(published.delivery_ids)
     if not queued:
         click.echo(

@@ -97,7 +97,39 @@ def test_emit_prints_the_event_id_and_fans_out_to_subscribers(
     assert payload["type"] == "deal.completed"
     assert payload["brandId"] == brand
     assert payload["apiVersion"] == "1"
-    assert payload["data"] == sample_data("deal.completed")
+    assert_a_fresh_sample(payload["data"], "deal.completed")
+
+
+def assert_a_fresh_sample(data: dict, name: str) -> None:
+    """The catalogue's sample for `name`, each of its record ids replaced by a new one."""
+    sample = sample_data(name)
+    assert data.keys() == sample.keys()
+    for key, value in sample.items():
+        if isinstance(value, str) and re.fullmatch(r"[a-z]+_[0-9a-z]{26}", value):
+            assert data[key] != value and data[key].split("_")[0] == value.split("_")[0], key
+        else:
+            assert data[key] == value, key
+
+
+def test_emit_without_data_is_about_a_new_sample_subject_each_time(
+    app, runner, client, brand, write_key
+):
+    """Two emits of the sample are two deals, each at sequence 1 (not one sample deal whose
+    sequence climbs across unrelated emits), and the command says which subject it used."""
+    register(client, brand, write_key, ["deal.completed", "placement.verified"])
+    subjects = []
+    for name in ("deal.completed", "deal.completed", "placement.verified"):
+        result = runner.invoke(args=["events", "emit", brand, name])
+        assert result.exit_code == 0, result.output
+        event = call(client, brand, write_key, "GET", f"event/{result.stdout.strip()}")
+        assert event["sequence"] == 1
+        assert event["subject"]["type"] == "deal"
+        # The placement's deal is its subject: the same new id where the sample repeats it.
+        assert event["subject"]["id"] == event["data"].get("dealId", event["data"]["id"])
+        key = f"deal:{event['subject']['id']}"
+        assert f"about a new sample deal ({key}, sequence 1)" in result.stderr, result.stderr
+        subjects.append(key)
+    assert len(set(subjects)) == 3
 
 
 def test_emit_sends_the_given_data(app, runner, client, brand, write_key):
@@ -138,7 +170,7 @@ def test_emit_to_one_endpoint_sends_it_the_sample_whatever_it_subscribes_to(
     [delivery] = deliveries(client, brand, write_key)
     assert (delivery["endpointId"], delivery["eventId"]) == (chosen, event_id)
     detail = call(client, brand, write_key, "GET", f"webhook/deliveries/{delivery['id']}")
-    assert detail["payload"]["data"] == sample_data("deal.completed")
+    assert_a_fresh_sample(detail["payload"]["data"], "deal.completed")
 
 
 def test_emit_to_a_disabled_or_unknown_endpoint_is_a_one_line_error(
