@@ -10,31 +10,23 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from datetime import UTC, timedelta
+from typing import TYPE_CHECKING
 
 import click
-import redis
 from flask import current_app
 from flask.cli import AppGroup
-from marshmallow import ValidationError
-from rq import Worker
-from rq.worker import BaseWorker
 
 from commands import command_transaction
 from extensions import db
 from models.columns import utcnow
 from models.event_catalog import EVENT_NAMES, fresh_sample_data, is_event_name
-from schemas.events import load_event_data
-from services.brands import get_brand
-from services.deliveries import recover_failed_deliveries
-from services.events import publish_event
-from services.retention import (
-    BATCH_SIZE,
-    REST_RATIO,
-    delete_expired_deliveries,
-    retention_period,
-)
-from services.webhook_endpoints import retry_pending, send_example_event
-from workers.connection import redis_connection
+from services.retention import BATCH_SIZE, REST_RATIO
+
+if TYPE_CHECKING:
+    from rq.worker import BaseWorker
+
+# Each command imports the services it calls when it runs, not when `flask` lists the commands
+# (commands/__init__.py).
 
 events = AppGroup("events", help="Webhook events.")
 # The count alone on stdout, for a script: what the sentence printed without it starts with.
@@ -77,6 +69,10 @@ def emit_command(
         )
     # A new sample subject each time: one sample deal would climb in sequence across emits
     # that have nothing to do with one another.
+    from services.brands import get_brand
+    from services.events import publish_event
+    from services.webhook_endpoints import send_example_event
+
     data = (
         fresh_sample_data(event_name) if data_json is None else _event_data(event_name, data_json)
     )
@@ -135,6 +131,9 @@ def recover_command(brand_id: str, endpoint_id: str, since, until, quiet: bool) 
     first created (after a receiver's outage); prints how many were queued, in a line that
     says so (with --quiet, the number alone). The same as the API's recover and the endpoint
     page's "Send again what failed"."""
+    from services.brands import get_brand
+    from services.deliveries import recover_failed_deliveries
+
     with command_transaction():
         get_brand(brand_id)
         recovered = recover_failed_deliveries(
@@ -157,6 +156,9 @@ def retry_pending_command(brand_id: str, endpoint_id: str, quiet: bool) -> None:
     Every pending delivery of ENDPOINT_ID waiting for its next retry becomes due now (once its
     receiver is fixed); prints how many, in a line that says so (with --quiet, the number
     alone). The same as the API's retry-pending and the endpoint page's "Retry now"."""
+    from services.brands import get_brand
+    from services.webhook_endpoints import retry_pending
+
     with command_transaction():
         get_brand(brand_id)
         due = retry_pending(brand_id=brand_id, endpoint_id=endpoint_id)
@@ -189,6 +191,8 @@ def purge_expired_command(batch_size: int, rest_ratio: float) -> None:
     no delivery refers to, a batch per transaction (workers do it every few minutes by
     themselves). Prints the counts as JSON; `skipped` is true when another purge was
     running."""
+    from services.retention import delete_expired_deliveries, retention_period
+
     with db.engine.connect() as connection:
         purged = delete_expired_deliveries(
             connection,
@@ -219,6 +223,11 @@ def _recovered(queued: int, endpoint_id: str) -> str:
 
 def _why_nothing_sends() -> str | None:
     """Why the deliveries just queued will wait, or None when a worker is there to send them."""
+    import redis
+    from rq import Worker
+
+    from workers.connection import redis_connection
+
     start = "Start one with `.venv/bin/flask --app app worker` (`make run` runs one)."
     try:
         connection = redis_connection(current_app)
@@ -244,6 +253,10 @@ def _alive(worker: BaseWorker) -> bool:
 def _event_data(event_name: str, text: str) -> dict:
     """`--data` as the event's publishers would write it, or a one-line error naming each field
     that is wrong: receivers are promised exactly the shape the document states."""
+    from marshmallow import ValidationError
+
+    from schemas.events import load_event_data
+
     try:
         return load_event_data(event_name, _parse_object(text))
     except ValidationError as error:
