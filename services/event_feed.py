@@ -279,9 +279,9 @@ class _FeedRow(NamedTuple):
 # index range of ix_webhook_events_feed (brand, name, xact_id, position), merged. `settled`: the
 # row's transaction is below this statement's snapshot's horizon (see the module's doc); the
 # snapshot that reads the rows is the one that says so, since both are one statement.
-_FEED = psycopg_sql(
-    text(
-        """
+# The horizon of the statement's snapshot (see the module's doc): `horizon.xmin`, below which
+# every transaction of this database has ended. Both orders of the feed start with it.
+_HORIZON = """
     WITH snapshot AS MATERIALIZED (
         SELECT pg_current_snapshot() AS taken
     ),
@@ -305,6 +305,12 @@ _FEED = psycopg_sql(
         ) AS xmin
         FROM snapshot
     ),
+"""
+
+_FEED = psycopg_sql(
+    text(
+        _HORIZON  # noqa: S608 - constant SQL, put together at import
+        + """
     candidates AS (
         SELECT page.id, page.xact_id, page.position
         FROM unnest(CAST(:names AS varchar[])) AS wanted(name)
@@ -393,29 +399,8 @@ _END = (2**63 - 1, 2**63 - 1)
 # rather than ending the page: see the module's doc, "Newest first".
 _FEED_BACK = psycopg_sql(
     text(
-        """
-    WITH snapshot AS MATERIALIZED (
-        SELECT pg_current_snapshot() AS taken
-    ),
-    horizon AS MATERIALIZED (
-        SELECT coalesce(
-            (
-                SELECT min(running.id)
-                FROM (
-                    SELECT CAST(CAST(xid AS TEXT) AS BIGINT) AS id
-                    FROM pg_snapshot_xip(snapshot.taken) AS xip(xid)
-                ) AS running
-                WHERE running.id % 4294967296 NOT IN (
-                    SELECT CAST(CAST(activity.backend_xid AS TEXT) AS BIGINT)
-                    FROM pg_stat_activity AS activity
-                    WHERE activity.datname <> current_database()
-                      AND activity.backend_xid IS NOT NULL
-                )
-            ),
-            CAST(CAST(pg_snapshot_xmax(snapshot.taken) AS TEXT) AS BIGINT)
-        ) AS xmin
-        FROM snapshot
-    ),
+        _HORIZON  # noqa: S608 - constant SQL, put together at import
+        + """
     candidates AS (
         SELECT page.id, page.xact_id, page.position
         FROM unnest(CAST(:names AS varchar[])) AS wanted(name)

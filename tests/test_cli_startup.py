@@ -12,13 +12,11 @@ hold is its cause, the modules a command imports, read from real `flask` process
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.command_line import run_flask
+
 IMPORTED = re.compile(r"^import time:\s+\d+ \|\s+\d+ \| +(\S+)$", re.M)
 # Modules a command that needs neither the web nor the worker nor migrations must not import,
 # each with what it is for. The first four are third-party packages of 50-100 ms each.
@@ -41,15 +39,7 @@ NOT_FOR_EVERY_COMMAND = {
 
 def imported_by(environ: dict[str, str], *args: str) -> set[str]:
     """Every module `flask --app app ARGS` imported, as a real process does it."""
-    result = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "flask", "--app", "app", *args],
-        env={**environ, "PATH": "/usr/bin:/bin"},
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = run_flask(environ, *args, python_options=("-X", "importtime"))
     assert result.returncode == 0, result.stderr[-2000:]
     return set(IMPORTED.findall(result.stderr))
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -29,33 +28,13 @@ from models.event_catalog import EVENT_NAMES
 from services.endpoint_urls import UrlPolicy
 from services.events import publish_event
 from services.webhook_endpoints import register_endpoint
-from tests.browser import LAPTOP, PHONE, expect, open_context, open_fold, sign_in_with_key
+from tests.browser import LAPTOP, PHONE, expect, open_fold, sign_in_with_key
 from tests.platform_factory import PlatformFactory
 
 LOCAL = UrlPolicy(https_only=False, allow_local=True)
 HOOK = "http://127.0.0.1:9/hooks"
 VIEWPORTS = pytest.mark.parametrize("viewport", [LAPTOP, PHONE], ids=["laptop", "phone"])
 JAVASCRIPT = pytest.mark.parametrize("javascript", [False, True], ids=["no-js", "js"])
-
-
-@pytest.fixture
-def open_page(browser, browser_server, problems) -> Iterator:
-    """`open_page(viewport, javascript)`: a page of a fresh browser profile, allowed to write
-    the clipboard; no console error may happen in it."""
-    contexts = []
-
-    def open_one(viewport: dict = LAPTOP, javascript: bool = True):
-        context = open_context(
-            browser, browser_server.url, problems, viewport=viewport, javascript=javascript
-        )
-        context.grant_permissions(["clipboard-read", "clipboard-write"])
-        contexts.append(context)
-        return context.new_page()
-
-    yield open_one
-    for context in contexts:
-        context.close()
-    problems.assert_none()
 
 
 def endpoint(app, brand_id: str, *, events=("deal.completed",), **options) -> str:
@@ -165,7 +144,7 @@ def test_a_copy_made_once_the_signature_is_stale_is_warned_about(app, open_page,
     _, [delivery_id] = published(app, brand, "deal.completed")
     stale_at = utcnow() + timedelta(seconds=3)
     attempted(app, delivery_id, endpoint_id, [stale_at - timedelta(minutes=5)])
-    page = open_page()
+    page = open_page(permissions=["clipboard-read", "clipboard-write"])
     sign_in_with_key(page, read_key)
     page.goto(f"/dashboard/deliveries/{delivery_id}")
     note = page.locator("#attempt-1-stale")

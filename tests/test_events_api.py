@@ -4,6 +4,7 @@ long-poll, retention, another brand's events, and what a waiting request holds."
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import statistics
@@ -184,6 +185,17 @@ def test_types_lists_only_those_types_and_refuses_a_name_that_is_no_event(app, b
         assert feed.get(types=bad).status_code == 400, bad
 
 
+@contextlib.contextmanager
+def an_open_transaction(app) -> Iterator[psycopg.Connection]:
+    """A connection to the app's database whose transaction has taken an id and stays open
+    until the block commits it (or ends)."""
+    with app.app_context():
+        conninfo = conninfo_for(db.engine)
+    with psycopg.connect(conninfo) as older:
+        older.execute("SELECT pg_current_xact_id()")
+        yield older
+
+
 def test_sort_order_desc_reads_the_same_order_backwards(app, brand, feed):
     """The paging words of fetch-deliveries: `sortOrder=desc` lists newest first, and
     `nextAfter` walks further back; with `types` and `subject` too. `asc` is the default."""
@@ -224,10 +236,7 @@ def test_sort_order_desc_never_skips_an_event_behind_an_open_transaction(app, br
     """Newest first lists only what is final: an event committed while an older transaction
     is open is left out, not listed above a place the older one could still take."""
     [first] = publish(app, brand)
-    with app.app_context():
-        conninfo = conninfo_for(db.engine)
-    with psycopg.connect(conninfo) as older:
-        older.execute("SELECT pg_current_xact_id()")  # takes a transaction id, stays open
+    with an_open_transaction(app) as older:
         [held] = publish(app, brand)
         newest = feed.page(sortOrder="desc")["data"]["events"]
         assert [event["id"] for event in newest] == [first]
@@ -471,10 +480,7 @@ def test_events_behind_an_older_open_transaction_wait_for_it(app, brand, feed):
     still open is not listed yet (the older one could still publish an event before it), and
     is listed the moment that transaction ends."""
     [after] = publish(app, brand)
-    with app.app_context():
-        conninfo = conninfo_for(db.engine)
-    with psycopg.connect(conninfo) as older:
-        older.execute("SELECT pg_current_xact_id()")  # takes a transaction id, stays open
+    with an_open_transaction(app) as older:
         [held] = publish(app, brand)
         assert feed.page(after=after)["data"]["events"] == []
         thread, answer = _wait_in_background(feed, after=after, wait=20)

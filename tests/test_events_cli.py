@@ -6,11 +6,8 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import time
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 from rq import Worker
@@ -21,24 +18,11 @@ from models import WebhookDelivery, WebhookEvent
 from models.columns import utcnow
 from models.event_catalog import EVENT_NAMES, sample_data
 from services.events import publish_event
+from tests.command_line import run_flask
 from tests.delivery_states import settle, wait_for_a_retry
 from tests.helpers import assert_success
 from tests.worker_process import WorkerProcess
 from workers.connection import redis_connection
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def flask_command(environ: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "flask", "--app", "app", *args],
-        env={**environ, "PATH": "/usr/bin:/bin"},
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 def call(client, brand: str, key: str, method: str, path: str, status: int = 200, **kw) -> dict:
@@ -80,7 +64,7 @@ def test_emit_prints_the_event_id_and_fans_out_to_subscribers(
     gone = register(client, brand, write_key, ["deal.completed"])
     call(client, brand, write_key, "DELETE", f"webhook/{gone}/delete-endpoint")
 
-    result = flask_command(app_environ, "events", "emit", brand, "deal.completed")
+    result = run_flask(app_environ, "events", "emit", brand, "deal.completed")
 
     assert result.returncode == 0, result.stderr
     assert re.fullmatch(r"evt_\w+\n", result.stdout), result.stdout
@@ -261,7 +245,7 @@ def test_emit_refuses_bad_input_and_creates_nothing(
 
 
 def test_emit_error_in_a_real_process(app, app_environ, brand):
-    result = flask_command(app_environ, "events", "emit", brand, "deal.finished")
+    result = run_flask(app_environ, "events", "emit", brand, "deal.finished")
 
     assert result.returncode != 0
     assert result.stdout == ""
@@ -381,21 +365,21 @@ def test_retry_pending_says_how_many_it_made_due_now(app, app_environ, client, b
     retrying = call(client, brand, write_key, "GET", "webhook/fetch-deliveries?retrying=true")
     assert all(d["nextRetryAt"] > d["createdAt"] for d in retrying["deliveries"])
 
-    result = flask_command(app_environ, "events", "retry-pending", brand, endpoint)
+    result = run_flask(app_environ, "events", "retry-pending", brand, endpoint)
 
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"2 deliveries to {endpoint} waiting for a retry are due now\n"
     for delivery in deliveries(client, brand, write_key):
         assert delivery["nextRetryAt"] is None or delivery["nextRetryAt"] <= iso_now()
-    again = flask_command(app_environ, "events", "retry-pending", brand, endpoint)
+    again = run_flask(app_environ, "events", "retry-pending", brand, endpoint)
     assert (again.returncode, again.stdout) == (
         0,
         f"0 deliveries to {endpoint} were waiting for a retry: nothing to send sooner\n",
     )
     wait_for_a_retry_in_an_hour(app, published[2].delivery_ids[0])
-    one = flask_command(app_environ, "events", "retry-pending", brand, endpoint)
+    one = run_flask(app_environ, "events", "retry-pending", brand, endpoint)
     assert one.stdout == f"1 delivery to {endpoint} waiting for a retry is due now\n"
-    quiet = flask_command(app_environ, "events", "retry-pending", "--quiet", brand, endpoint)
+    quiet = run_flask(app_environ, "events", "retry-pending", "--quiet", brand, endpoint)
     assert (quiet.returncode, quiet.stdout) == (0, "0\n")
 
 
@@ -407,13 +391,13 @@ def test_retry_pending_of_an_unknown_brand_or_endpoint_is_a_one_line_error(
         (("brd_01jd3k7a9b1c3d5e7f9g1h3j5k", endpoint), "brd_01jd3k7a9b1c3d5e7f9g1h3j5k"),
         ((brand, "whe_01jd3kr7s9t1v3w5x7y9z1a3b5"), "whe_01jd3kr7s9t1v3w5x7y9z1a3b5"),
     ):
-        result = flask_command(app_environ, "events", "retry-pending", *arguments)
+        result = run_flask(app_environ, "events", "retry-pending", *arguments)
         assert result.returncode != 0
         assert result.stdout == ""
         assert result.stderr.strip().count("\n") == 0 and named in result.stderr, result.stderr
     path = f"webhook/{endpoint}/update-endpoint"
     call(client, brand, write_key, "PATCH", path, json={"isActive": False})
-    disabled = flask_command(app_environ, "events", "retry-pending", brand, endpoint)
+    disabled = run_flask(app_environ, "events", "retry-pending", brand, endpoint)
     assert disabled.returncode != 0 and "disabled" in disabled.stderr
 
 
