@@ -16,14 +16,15 @@ from werkzeug.exceptions import RequestEntityTooLarge
 import models  # noqa: F401 - registers every model with the metadata before migrations read it
 from blueprints.api import API_PREFIX, register_routes
 from blueprints.dashboard import register_dashboard
-from blueprints.dashboard.session import DashboardCookieSessions
 from blueprints.envelope import REQUEST_ID_HEADER, request_id
-from blueprints.errors import register_error_handlers
-from blueprints.metrics import metrics
-from blueprints.system import system
-from commands import app_for_help_only, loaded_by_the_command_line, register_commands
+from commands import (
+    app_for_help_only,
+    loaded_by_the_command_line,
+    loaded_for_its_commands,
+    register_commands,
+)
 from config import ConfigError, Settings
-from extensions import db, migrate
+from extensions import db, init_migrations
 from observability.logs import configure_logging
 from observability.metrics import count_request
 from services import work_slots
@@ -50,8 +51,7 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
         if not loaded_by_the_command_line():
             raise
         # `flask --app app … --help` needs no setting; running a command says what is missing.
-        migrate.init_app(app, db, directory=migrations)
-        return app_for_help_only(app, str(error))
+        return app_for_help_only(app, str(error), migrations)
     app.extensions["settings"] = settings
     app.extensions["secret_box"] = SecretBox(settings.encryption_key)
     app.config.update(
@@ -66,20 +66,31 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
     )
     # Flask types `app.json` as any provider; the app keeps Flask's default one.
     cast(DefaultJSONProvider, app.json).sort_keys = False
-    app.session_interface = DashboardCookieSessions()
     configure_logging(settings.log_format)
 
     db.init_app(app)
     with app.app_context():
         event.listen(db.engine, "do_connect", _name_connection)
         event.listen(db.engine, "connect", _turn_jit_off)
-    migrate.init_app(app, db, directory=migrations)
+    for_commands = loaded_for_its_commands()  # `flask --app app <command>`: it serves nothing
+    if not for_commands:
+        init_migrations(app, migrations)  # at once: the tests' flask_migrate.upgrade() needs it
+    register_commands(app, migrations)
+    if for_commands:
+        return app  # no need to import the web's modules
+    # Imported here, not above: `flask --app app <command>` never needs them (docs/benchmarks.md,
+    # "Command-line start-up").
+    from blueprints.dashboard.session import DashboardCookieSessions
+    from blueprints.errors import register_error_handlers
+    from blueprints.metrics import metrics
+    from blueprints.system import system
+
+    app.session_interface = DashboardCookieSessions()
     app.register_blueprint(register_routes())
     app.register_blueprint(register_dashboard())
     app.register_blueprint(system)
     app.register_blueprint(metrics)
     register_error_handlers(app)
-    register_commands(app)
     work_slots.install(WORK_SLOTS_PER_PROCESS)
     app.before_request(_start_request)
     app.before_request(_take_work_slot)

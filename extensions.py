@@ -2,7 +2,7 @@
 
 from typing import TYPE_CHECKING
 
-from flask_migrate import Migrate
+from flask import Flask
 from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy import MetaData
 from sqlalchemy.orm import DeclarativeBase
@@ -22,7 +22,17 @@ class Base(DeclarativeBase):
 
 
 db = SQLAlchemy(model_class=Base)
-migrate = Migrate(compare_type=True)
+
+
+def init_migrations(app: Flask, directory: str) -> None:
+    """Flask-Migrate on `app`: `app.extensions["migrate"]`, which migrations/env.py and
+    `flask_migrate.upgrade()` read, and its `db` command group. Flask-Migrate imports Alembic,
+    a sixth of a command's start-up, so it is imported when this is called, not with this
+    module (commands/__init__.py calls it when `db` runs)."""
+    from flask_migrate import Migrate
+
+    Migrate(app, db, directory=directory, compare_type=True)
+
 
 # The models' base class. It is `db.Model`, but a type checker cannot take an attribute of an
 # instance as a base class (python/mypy#8603), so it sees what `db.Model` is made of instead:

@@ -4,18 +4,26 @@ from __future__ import annotations
 
 import re
 import secrets
-from typing import cast
+from functools import cache
+from typing import TYPE_CHECKING, cast
 
 from flask import Response, current_app, g, request
 
-from schemas.envelope import EnvelopeSchema, ErrorEnvelopeSchema
+if TYPE_CHECKING:
+    from marshmallow import Schema
 
 REQUEST_ID_HEADER = "X-Request-Id"
 # A caller's own request id is kept when it is safe to echo and to log; otherwise we mint one.
 _CALLER_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{8,128}$")
 
-_success_schema = EnvelopeSchema()
-_error_schema = ErrorEnvelopeSchema()
+
+@cache
+def _schemas() -> tuple[Schema, Schema]:
+    """Made at the first answer, not at import: app.py imports `request_id` from here, and a
+    command's app (`flask --app app …`) has no answer to write (docs/benchmarks.md)."""
+    from schemas.envelope import EnvelopeSchema, ErrorEnvelopeSchema
+
+    return EnvelopeSchema(), ErrorEnvelopeSchema()
 
 
 def request_id() -> str:
@@ -41,7 +49,7 @@ def success(
     }
     if meta is not None:
         body["meta"] = meta
-    return _json(_success_schema.dump(body), status_code)
+    return _json(_schemas()[0].dump(body), status_code)
 
 
 def failure(
@@ -77,7 +85,7 @@ def error_body(
     }
     if errors is not None:
         body["errors"] = errors
-    return _error_schema.dump(body)
+    return _schemas()[1].dump(body)
 
 
 def _json(payload: dict, status_code: int) -> Response:

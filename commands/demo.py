@@ -8,9 +8,6 @@ import click
 from flask.cli import AppGroup
 
 from commands import command_transaction
-from fixtures.demo import database_is_empty, demo_link_code, seed_demo_workspace
-from fixtures.demo_simulation import demo_brand, simulate_step
-from schemas.base import iso_timestamp
 
 demo = AppGroup("demo", help="The demo workspace.")
 
@@ -31,6 +28,10 @@ def seed_command(if_empty: bool) -> None:
     The first demo brand of a database is "Kola Naturals (demo)", the one `demo brand` prints;
     later ones are "Kola Naturals (demo 2)" and on, with codes of their own (GLOW-TOBI-7K3Q),
     and leave `demo brand` as it was."""
+    # Imported by each command that runs (see commands/__init__.py).
+    from fixtures.demo import database_is_empty, seed_demo_workspace
+    from schemas.base import iso_timestamp
+
     with command_transaction():
         if if_empty and not database_is_empty():
             return
@@ -53,6 +54,9 @@ def brand_command() -> None:
 
     The demo brand is the one `make run` created, "Kola Naturals (demo)", whatever `demo seed`
     made since. Its name and a link code for postbacks go to stderr."""
+    from fixtures.demo import demo_link_code
+    from fixtures.demo_simulation import demo_brand
+
     with command_transaction():
         brand = demo_brand()
         link_code = demo_link_code(brand.id)
@@ -74,6 +78,8 @@ def simulate_command(brand_id: str | None) -> None:
     A placement verified, a deal completed, a budget threshold crossed...; prints {"brandId",
     "step", "events"} as JSON, and the events reach the brand's endpoints like any platform
     event. A brand with nothing to move (no active campaign) is an error."""
+    from fixtures.demo_simulation import simulate_step
+
     with command_transaction():
         step = simulate_step(brand_id=brand_id)
     click.echo(

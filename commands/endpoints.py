@@ -9,7 +9,6 @@ from flask.cli import AppGroup
 from commands import command_transaction
 from models.columns import utcnow
 from models.webhook_endpoint import DISABLED_REASON_MAX_LENGTH
-from services.delivery.health import disable_endpoint
 
 endpoints = AppGroup("endpoints", help="Webhook endpoints, for operators.")
 OPERATOR_PREFIX = "Disabled by the service's operators: "
@@ -23,6 +22,8 @@ def disable(endpoint_id: str, reason: str) -> None:
 
     Its pending deliveries end `failed` and the brand's other endpoints hear
     `webhook.endpoint_disabled`. The brand re-enables it."""
+    from services.delivery.health import disable_endpoint  # see commands/__init__.py
+
     text = (OPERATOR_PREFIX + " ".join(reason.split()))[:DISABLED_REASON_MAX_LENGTH]
     with command_transaction():
         disabled = disable_endpoint(

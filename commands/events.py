@@ -10,33 +10,27 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from datetime import UTC, timedelta
+from typing import TYPE_CHECKING
 
 import click
-import redis
 from flask import current_app
 from flask.cli import AppGroup
-from marshmallow import ValidationError
-from rq import Worker
-from rq.worker import BaseWorker
 
 from commands import command_transaction
 from extensions import db
 from models.columns import utcnow
-from models.event_catalog import EVENT_NAMES, is_event_name, sample_data
-from schemas.events import load_event_data
-from services.brands import get_brand
-from services.deliveries import recover_failed_deliveries
-from services.events import publish_event
-from services.retention import (
-    BATCH_SIZE,
-    REST_RATIO,
-    delete_expired_deliveries,
-    retention_period,
-)
-from services.webhook_endpoints import retry_pending, send_example_event
-from workers.connection import redis_connection
+from models.event_catalog import EVENT_NAMES, fresh_sample_data, is_event_name
+from services.retention import BATCH_SIZE, REST_RATIO
+
+if TYPE_CHECKING:
+    from rq.worker import BaseWorker
+
+# Each command imports the services it calls when it runs, not when `flask` lists the commands
+# (commands/__init__.py).
 
 events = AppGroup("events", help="Webhook events.")
+# The count alone on stdout, for a script: what the sentence printed without it starts with.
+QUIET = click.option("--quiet", "-q", is_flag=True, help="Print the number alone.")
 WORKER_SILENCE = timedelta(seconds=60)
 
 _EVENT_LIST = "\b\nEVENT_NAME is one of:\n" + "\n".join(f"  {name}" for name in EVENT_NAMES)
@@ -50,8 +44,9 @@ _EVENT_LIST = "\b\nEVENT_NAME is one of:\n" + "\n".join(f"  {name}" for name in 
     "data_json",
     default=None,
     help="The event's `data` as a JSON object with every field the event has, as the OpenAPI "
-    "document's `webhooks` section states it; default: the catalogue's sample for the event "
-    "(whose ids are samples, not records of the brand).",
+    "document's `webhooks` section states it; default: the catalogue's sample for the event, "
+    "with new sample ids each time (so a new subject, at sequence 1; they are not records of "
+    "the brand).",
 )
 @click.option(
     "--endpoint",
@@ -72,7 +67,15 @@ def emit_command(
         raise click.ClickException(
             f"Unknown event {event_name!r}; one of: {', '.join(EVENT_NAMES)}"
         )
-    data = None if data_json is None else _event_data(event_name, data_json)
+    # A new sample subject each time: one sample deal would climb in sequence across emits
+    # that have nothing to do with one another.
+    from services.brands import get_brand
+    from services.events import publish_event
+    from services.webhook_endpoints import send_example_event
+
+    data = (
+        fresh_sample_data(event_name) if data_json is None else _event_data(event_name, data_json)
+    )
     with command_transaction():
         get_brand(brand_id)  # a clear "no such brand" rather than a foreign-key failure
         if endpoint_id is not None:
@@ -80,18 +83,17 @@ def emit_command(
                 brand_id=brand_id, endpoint_id=endpoint_id, name=event_name, data=data
             )
         else:
-            published = publish_event(
-                brand_id=brand_id,
-                name=event_name,
-                data=sample_data(event_name) if data is None else data,
-            )
+            published = publish_event(brand_id=brand_id, name=event_name, data=data)
     click.echo(published.event.id)
+    event = published.event
     if data_json is None:
         click.echo(
-            f"No --data: sent the catalogue's sample data for {event_name}; its ids are samples, "
-            "not records of this brand.",
+            f"No --data: sent the catalogue's sample data for {event_name}, about a new sample "
+            f"{event.subject_type} ({event.subject_key}, sequence {event.sequence}); its ids "
+            "are samples, not records of this brand.",
             err=True,
         )
+
     queued = len(published.delivery_ids)
     if not queued:
         click.echo(
@@ -121,18 +123,23 @@ def emit_command(
     type=click.DateTime(["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%d %H:%M:%S%z"]),
     help="…and before this one (default: now).",
 )
-def recover_command(brand_id: str, endpoint_id: str, since, until) -> None:
+@QUIET
+def recover_command(brand_id: str, endpoint_id: str, since, until, quiet: bool) -> None:
     """Send again what failed to an endpoint.
 
     Every failed delivery of ENDPOINT_ID created in the window, once, in the order they were
-    first created (after a receiver's outage); prints how many were queued. The same as the
-    API's recover and the endpoint page's "Send again what failed"."""
+    first created (after a receiver's outage); prints how many were queued, in a line that
+    says so (with --quiet, the number alone). The same as the API's recover and the endpoint
+    page's "Send again what failed"."""
+    from services.brands import get_brand
+    from services.deliveries import recover_failed_deliveries
+
     with command_transaction():
         get_brand(brand_id)
         recovered = recover_failed_deliveries(
             brand_id=brand_id, endpoint_id=endpoint_id, since=since, until=until
         )
-    click.echo(recovered.queued)
+    click.echo(recovered.queued if quiet else _recovered(recovered.queued, endpoint_id))
     if recovered.queued:
         waiting = _why_nothing_sends()
         if waiting:
@@ -142,16 +149,20 @@ def recover_command(brand_id: str, endpoint_id: str, since, until) -> None:
 @events.command("retry-pending")
 @click.argument("brand_id")
 @click.argument("endpoint_id")
-def retry_pending_command(brand_id: str, endpoint_id: str) -> None:
+@QUIET
+def retry_pending_command(brand_id: str, endpoint_id: str, quiet: bool) -> None:
     """Send now what waits for a retry to an endpoint.
 
     Every pending delivery of ENDPOINT_ID waiting for its next retry becomes due now (once its
-    receiver is fixed); prints how many. The same as the API's retry-pending and the endpoint
-    page's "Retry the N waiting deliveries now"."""
+    receiver is fixed); prints how many, in a line that says so (with --quiet, the number
+    alone). The same as the API's retry-pending and the endpoint page's "Retry now"."""
+    from services.brands import get_brand
+    from services.webhook_endpoints import retry_pending
+
     with command_transaction():
         get_brand(brand_id)
         due = retry_pending(brand_id=brand_id, endpoint_id=endpoint_id)
-    click.echo(due)
+    click.echo(due if quiet else _made_due(due, endpoint_id))
     if due:
         waiting = _why_nothing_sends()
         if waiting:
@@ -180,6 +191,8 @@ def purge_expired_command(batch_size: int, rest_ratio: float) -> None:
     no delivery refers to, a batch per transaction (workers do it every few minutes by
     themselves). Prints the counts as JSON; `skipped` is true when another purge was
     running."""
+    from services.retention import delete_expired_deliveries, retention_period
+
     with db.engine.connect() as connection:
         purged = delete_expired_deliveries(
             connection,
@@ -191,8 +204,30 @@ def purge_expired_command(batch_size: int, rest_ratio: float) -> None:
     click.echo(json.dumps(asdict(purged)))
 
 
+def _made_due(due: int, endpoint_id: str) -> str:
+    """What retry-pending did, in a line that starts with the count."""
+    if not due:
+        return f"0 deliveries to {endpoint_id} were waiting for a retry: nothing to send sooner"
+    if due == 1:
+        return f"1 delivery to {endpoint_id} waiting for a retry is due now"
+    return f"{due} deliveries to {endpoint_id} waiting for a retry are due now"
+
+
+def _recovered(queued: int, endpoint_id: str) -> str:
+    """What recover did, in a line that starts with the count."""
+    if not queued:
+        return f"0 failed deliveries to {endpoint_id} in that window were left to send again"
+    noun = "delivery" if queued == 1 else "deliveries"
+    return f"{queued} failed {noun} to {endpoint_id} queued again, as new deliveries"
+
+
 def _why_nothing_sends() -> str | None:
     """Why the deliveries just queued will wait, or None when a worker is there to send them."""
+    import redis
+    from rq import Worker
+
+    from workers.connection import redis_connection
+
     start = "Start one with `.venv/bin/flask --app app worker` (`make run` runs one)."
     try:
         connection = redis_connection(current_app)
@@ -218,6 +253,10 @@ def _alive(worker: BaseWorker) -> bool:
 def _event_data(event_name: str, text: str) -> dict:
     """`--data` as the event's publishers would write it, or a one-line error naming each field
     that is wrong: receivers are promised exactly the shape the document states."""
+    from marshmallow import ValidationError
+
+    from schemas.events import load_event_data
+
     try:
         return load_event_data(event_name, _parse_object(text))
     except ValidationError as error:

@@ -8,8 +8,6 @@ import sys
 import click
 from flask.cli import AppGroup
 
-from services.secret_rotation import reencrypt_signing_secrets
-
 secrets = AppGroup("secrets", help="Signing secrets at rest.")
 
 
@@ -18,6 +16,8 @@ def reencrypt() -> None:
     """Re-encrypt the signing secrets at rest.
 
     Every webhook signing secret, under the first key of ENCRYPTION_KEY."""
+    from services.secret_rotation import reencrypt_signing_secrets  # see commands/__init__.py
+
     result = reencrypt_signing_secrets()
     click.echo(result.endpoints)
     if result.unreadable:

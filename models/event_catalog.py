@@ -5,15 +5,18 @@ means, and a sample `data` for each.
 minor units with `currency`, ISO 8601 UTC timestamps), plus, for events about a change, the fields
 that say what changed (`previousStatus`, `thresholdPercent`, `previousClicks`). The catalogue is
 published in the OpenAPI document and on the dashboard, and `flask events emit` sends a sample
-when no `--data` is given.
+when no `--data` is given, about records of its own each time (`fresh_sample_data`).
 """
 
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
+
+from models.columns import new_id
 
 # `apiVersion` of every event body: the shape of `data` (a new version would be a new shape).
 API_VERSION = "1"
@@ -371,3 +374,26 @@ def supported_events(names: list[str]) -> list[str]:
 def sample_data(name: str) -> dict:
     """A deep copy of the sample, safe to change."""
     return copy.deepcopy(dict(EVENT_TYPES[name].sample))
+
+
+# An id of the samples above (`deal_01jd3kb7…`): a type prefix, then 26 characters.
+_SAMPLE_ID = re.compile(r"^([a-z]+)_[0-9a-z]{26}$")
+
+
+def fresh_sample_data(name: str) -> dict:
+    """The sample with every record id in it replaced by a new id of the same type (the same
+    new id wherever the sample repeats one): an event about records of its own, so its subject
+    is a new one, whose `sequence` starts at 1, rather than the one sample deal every emit
+    would otherwise move along."""
+    replaced: dict[str, str] = {}
+
+    def fresh(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {key: fresh(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [fresh(item) for item in value]
+        if isinstance(value, str) and (found := _SAMPLE_ID.match(value)):
+            return replaced.setdefault(value, new_id(found[1]))
+        return value
+
+    return fresh(sample_data(name))

@@ -9,6 +9,7 @@ from marshmallow import ValidationError, fields, validate
 
 from models.event_catalog import EVENT_NAMES, sample_data
 from models.event_subjects import SUBJECT_TYPES, parse_subject_key
+from models.paging import ASCENDING, DESCENDING
 from models.webhook_delivery import DELIVERY_STATUSES
 from models.webhook_event import SUBJECT_ID_MAX_LENGTH
 from schemas.base import ApiSchema, ResourceId, Timestamp
@@ -91,7 +92,8 @@ class EventFeedQuerySchema(ApiSchema):
             "kept. An id of an event that retention has deleted (older than "
             "`WEBHOOK_RETENTION_DAYS`) starts at the oldest kept one, with "
             "`meta.cursorExpired: true`; any other id that is not an event of this brand is "
-            "NOT_FOUND.",
+            "NOT_FOUND. With `sortOrder=desc`: the events published before this one (an "
+            "expired id: none, with `meta.cursorExpired: true`).",
             "example": EVENT_ID_EXAMPLE,
         },
     )
@@ -113,6 +115,19 @@ class EventFeedQuerySchema(ApiSchema):
             "no event comes after `after`: the answer comes as soon as one is published, or "
             "after that long with an empty list. Default 0: answer at once.",
             "example": 25,
+        },
+    )
+    sort_order = fields.String(
+        load_default=ASCENDING,
+        validate=validate.OneOf((ASCENDING, DESCENDING)),
+        metadata={
+            "description": "`asc` (default): publish order, oldest first, the events published "
+            "after `after`: the feed to follow. `desc`: newest first, the events published "
+            "before `after` (left out: from the newest); pass `meta.nextAfter` as `after` to "
+            "read further back. `desc` lists only events whose place in the order is final, "
+            "so a walk back never skips one, and answers at once whatever `wait` says. The "
+            "same word as fetch-deliveries' (whose default is `desc`: a log is read from its "
+            "end, a feed from its start)."
         },
     )
 
@@ -176,7 +191,10 @@ class FeedEventSchema(ApiSchema):
 class EventListSchema(ApiSchema):
     events = fields.List(
         fields.Nested(FeedEventSchema),
-        metadata={"description": "In the order they were published, oldest first."},
+        metadata={
+            "description": "In the order they were published, oldest first (newest first with "
+            "`sortOrder=desc`)."
+        },
     )
 
 
@@ -186,7 +204,7 @@ class EventFeedMetaSchema(ApiSchema):
         metadata={
             "description": "Pass it as `after` next: the last event's id, or `after` itself "
             "when none came (null when neither). Following it sees every event of the brand "
-            "once, in publish order.",
+            "once, in publish order (with `sortOrder=desc`, in the opposite order).",
             "example": EVENT_ID_EXAMPLE,
         },
     )

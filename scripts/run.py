@@ -18,14 +18,23 @@ In order:
    API keeps answering while the worker restarts.
 
 A second `make run` of the same checkout (same state directory) while one runs says so, with
-the running one's pid and URL, whatever PORT it is given: the two would share one embedded
-database. A port some other program holds gets a free port to use instead.
+the running one's pid and URL, whatever PORT it is given: the two would share one database.
+A port some other program holds gets a free port to use instead.
+
+Leftovers: `run.pids` in the state directory records the supervisor and each child it runs
+(rewritten when one is started again) until everything is stopped. A run that finds it while no
+supervisor holds the lock knows an earlier run of this checkout died without stopping its
+children (`kill -9`, a machine that slept through a crash): it says so, names them, and stops
+them before starting anything, so that two stacks never share one database. An embedded
+PostgreSQL or Redis such a run left is adopted (their own pid files say which).
 
 Stopping: Ctrl-C (SIGINT), SIGTERM or SIGHUP sends SIGTERM to gunicorn and the worker, waits up
 to 10 s for their graceful shutdowns, SIGKILLs whatever is left, then stops the embedded Redis
 and PostgreSQL and removes their markers in `instance/`. A second Ctrl-C skips the wait. A stop
 that was asked for exits 0, whichever signal asked and however far startup had got; a failure
-exits 1.
+exits 1. None of it depends on being heard: with `make run 2>&1 | tee run.log`, Ctrl-C kills
+`tee` too, and a closed terminal window fails every write (SIGHUP, then EIO); the first write
+that fails sends the rest of this script's output to /dev/null and the stop goes on.
 
 Each child runs in its own process group (same session), so the terminal's Ctrl-C reaches only
 this supervisor, which is then the one place that signals the children: the RQ worker gets one
@@ -38,7 +47,8 @@ Environment (besides the app's own, CONTRACT section 1):
   DATABASE_URL   use this PostgreSQL; no embedded PostgreSQL is started.
   REDIS_URL      use this Redis; no embedded Redis is started.
   RUN_STATE_DIR  where the embedded servers keep their files (`postgres/`, `redis.db`, its
-                 settings file and `run.lock`) and the processes their metrics (`metrics/`,
+                 settings file), the run its records (`run.lock`, `run.pids`) and the
+                 processes their metrics (`metrics/`,
                  unless PROMETHEUS_MULTIPROC_DIR names another; a relative path is taken from
                  the repo root);
                  default `instance/`. When set, the markers in `instance/` are NOT written: the
@@ -61,7 +71,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TextIO, cast
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -123,8 +133,25 @@ class Signals:
 
 
 def say(message: str = "", *, error: bool = False) -> None:
-    """Print now: our lines interleave with the children's output on the same terminal."""
-    print(message, file=sys.stderr if error else sys.stdout, flush=True)
+    """Print now: our lines interleave with the children's output on the same terminal.
+
+    Never raises: a write that fails (the pipe to a `tee` that Ctrl-C killed, a terminal that was
+    closed) points the stream at /dev/null for good, and whatever was being done goes on; above
+    all, stopping the children must not depend on anyone reading."""
+    stream = sys.stderr if error else sys.stdout
+    try:
+        print(message, file=stream, flush=True)
+    except (OSError, ValueError):  # EPIPE, EIO; ValueError: a stream already closed
+        silence(stream)
+
+
+def silence(stream: TextIO) -> None:
+    """Point `stream`'s file descriptor at /dev/null, so that its later writes, and the flush at
+    interpreter exit of what it still buffers, succeed unheard."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
 
 
 def venv_command(name: str) -> str:
@@ -168,7 +195,7 @@ def check_port_free(port: int, embedded: EmbeddedServers) -> None:
     hint = f"use another port: PORT={free} make run" if free else "set PORT to a free port"
     raise SetupFailed(
         f"127.0.0.1:{port} is in use by another program ({error}), not by a `make run` of this "
-        f"checkout; {hint}"
+        f"checkout (none runs, and none left anything running); {hint}"
     )
 
 
@@ -217,6 +244,146 @@ def running_run(state_dir: Path) -> RunningRun | None:
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         return None
     return None
+
+
+# --- the records of what a run started ---------------------------------------------------------
+
+RECORDS_NAME = "run.pids"
+
+
+@dataclass(frozen=True)
+class RecordedChild:
+    """A child as `run.pids` names it: its pid is also its process group's id (each child is
+    started in a group of its own), `started` tells that pid from a later process given it."""
+
+    name: str
+    program: str
+    pid: int
+    started: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ({self.program}, pid {self.pid})"
+
+
+@dataclass
+class RunRecords:
+    """`run.pids` in the state directory: the supervisor and the children it runs now, kept
+    while they run, removed once all of them are stopped. Found while no supervisor holds the
+    lock, it names what an earlier run left running."""
+
+    state_dir: Path
+
+    @property
+    def path(self) -> Path:
+        return self.state_dir / RECORDS_NAME
+
+    def write(self, children: list[Child], url: str) -> None:
+        """Record the children running now (atomically: a reader sees the old record or the new)."""
+        record = {
+            "supervisor": os.getpid(),
+            "url": url,
+            "children": [
+                {
+                    "name": child.name,
+                    "program": child.program,
+                    "pid": child.process.pid,
+                    "started": process_start(child.process.pid),
+                }
+                for child in children
+                if child.restart_at is None
+            ],
+        }
+        temporary = self.path.with_name(self.path.name + ".tmp")
+        temporary.write_text(json.dumps(record) + "\n")
+        temporary.replace(self.path)
+
+    def read(self) -> tuple[int, list[RecordedChild]]:
+        """The supervisor's pid and its children as last recorded; (0, []) without a record."""
+        try:
+            record = json.loads(self.path.read_text())
+            return int(record["supervisor"]), [
+                RecordedChild(str(c["name"]), str(c["program"]), int(c["pid"]), str(c["started"]))
+                for c in record["children"]
+            ]
+        except (OSError, ValueError, KeyError, TypeError):
+            return 0, []
+
+    def remove(self) -> None:
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+
+
+def process_start(pid: int) -> str:
+    """When the process started, as /proc says (clock ticks after boot); "" where there is no
+    /proc, or no such process."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live (not zombie) processes of process group `pgid`: from /proc, else from `ps`."""
+    if Path("/proc/self/stat").exists():
+        members = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if fields[2] == str(pgid) and fields[0] != "Z":
+                members.append(int(entry.name))
+        return members
+    listing = subprocess.run(
+        ["ps", "-A", "-o", "pid=,pgid=,stat="], capture_output=True, text=True, check=False
+    ).stdout
+    return [
+        int(pid)
+        for pid, group, state in (line.split()[:3] for line in listing.splitlines() if line.strip())
+        if group == str(pgid) and not state.startswith("Z")
+    ]
+
+
+def leftover_members(child: RecordedChild) -> list[int]:
+    """What is left running of a recorded child: its process group's live members (gunicorn's
+    workers outlive a killed arbiter), provided that group is still the child's: while a group
+    has members its id is not given to another process, and a live leader must have the
+    recorded start."""
+    members = group_members(child.pid)
+    if child.pid in members and child.started and process_start(child.pid) != child.started:
+        return []  # the pid now belongs to another program, which leads a group of its own
+    return members
+
+
+def stop_leftovers(records: RunRecords) -> None:
+    """Stop the children an earlier run of this checkout recorded and left running, saying so:
+    SIGTERM to each one's group, then SIGKILL to what is left after STOP_TIMEOUT."""
+    supervisor, recorded = records.read()
+    left = [child for child in recorded if leftover_members(child)]
+    if left:
+        names = " and ".join(child.label for child in left)
+        say(
+            f"run.py: the `make run` of this checkout that ran as pid {supervisor} ended without "
+            f"stopping its {names} ({records.path} records them); stopping "
+            f"{'them' if len(left) > 1 else 'it'} before starting again."
+        )
+        for child in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child.pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT
+        while any(leftover_members(child) for child in left) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for child in left:
+            if leftover_members(child):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(child.pid, signal.SIGKILL)
+        deadline = time.monotonic() + STOP_TIMEOUT
+        while any(leftover_members(child) for child in left) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    records.remove()
 
 
 # --- embedded servers ----------------------------------------------------------------------------
@@ -293,17 +460,17 @@ class EmbeddedServers:
             if running is not None:
                 raise SetupFailed(running.already_running()) from None
             raise SetupFailed(
-                f"another `make run` is already using the embedded servers in {self.state_dir}; "
-                "stop it first (or give this one DATABASE_URL and REDIS_URL, or RUN_STATE_DIR "
-                "and PORT)"
+                f"another `make run` is already using {self.state_dir}; stop it first (or give "
+                "this one a RUN_STATE_DIR and PORT of its own)"
             ) from None
         lock_file.truncate(0)
-        lock_file.write(json.dumps({"pid": os.getpid(), "url": f"http://127.0.0.1:{self.port}"}))
+        lock_file.write(json.dumps({"pid": os.getpid(), "url": local_url(self.port)}))
         lock_file.flush()
         self._lock_file = lock_file
 
     def claim(self) -> None:
-        """Take the state directory before anything starts, so that a second run stops first."""
+        """Take the state directory before anything starts, so that a second run stops first,
+        whichever database it uses: one `make run` per checkout, and its records are its own."""
         self._lock()
 
     def stop(self) -> None:
@@ -482,9 +649,11 @@ def fresh_metrics_dir(state_dir: Path) -> Path:
     return directory
 
 
-def start_children(children: list[Child], env: dict[str, str], port: int) -> None:
+def start_children(
+    children: list[Child], env: dict[str, str], port: int, records: RunRecords
+) -> None:
     """Start gunicorn and one RQ worker, appending each to `children` as soon as it exists so
-    that cleanup always sees it."""
+    that cleanup always sees it, and recording it in `run.pids`."""
     commands = {
         ("web server", "gunicorn"): [
             sys.executable,
@@ -507,6 +676,7 @@ def start_children(children: list[Child], env: dict[str, str], port: int) -> Non
         child = Child(name, program, command, env)
         child.start()
         children.append(child)
+        records.write(children, local_url(port))
 
 
 def gunicorn_control_socket_args() -> list[str]:
@@ -530,8 +700,12 @@ def listening(port: int) -> bool:
         return False
 
 
+def local_url(port: int) -> str:
+    return f"http://127.0.0.1:{port}"
+
+
 def announce(port: int, embedded: EmbeddedServers) -> None:
-    base = f"http://127.0.0.1:{port}"
+    base = local_url(port)
     database_note = (
         f"embedded, data in {embedded.postgres.data_dir}" if embedded.postgres else "DATABASE_URL"
     )
@@ -552,9 +726,15 @@ def announce(port: int, embedded: EmbeddedServers) -> None:
     )
 
 
-def supervise(children: list[Child], signals: Signals, port: int, embedded: EmbeddedServers) -> int:
+def supervise(
+    children: list[Child],
+    signals: Signals,
+    port: int,
+    embedded: EmbeddedServers,
+    records: RunRecords,
+) -> int:
     """Until a stop signal (then returns 0): start again each child that dies, after its
-    back-off; announce once the web server listens."""
+    back-off (recording its new pid); announce once the web server listens."""
     deadline = time.monotonic() + READY_TIMEOUT
     announced = False
     while not signals.stop_requested:
@@ -564,6 +744,7 @@ def supervise(children: list[Child], signals: Signals, port: int, embedded: Embe
                 schedule_restart(child, now)
             elif child.restart_at is not None and now >= child.restart_at:
                 child.start()
+                records.write(children, local_url(port))
                 say(f"run.py: the {child.label} is running again.")
         if not announced and (listening(port) or time.monotonic() > deadline):
             announce(port, embedded)
@@ -626,6 +807,7 @@ def main() -> int:
     signals = Signals()
     signals.install()
     embedded: EmbeddedServers | None = None
+    records: RunRecords | None = None
     children: list[Child] = []
     try:
         port = read_port()
@@ -633,8 +815,9 @@ def main() -> int:
         state_dir_setting = env.get("RUN_STATE_DIR", "").strip()
         state_dir = Path(state_dir_setting).resolve() if state_dir_setting else INSTANCE_DIR
         embedded = EmbeddedServers(state_dir=state_dir, advertise=not state_dir_setting, port=port)
-        if not (env.get("DATABASE_URL", "").strip() and env.get("REDIS_URL", "").strip()):
-            embedded.claim()  # a run of this checkout already going says so here
+        embedded.claim()  # a run of this checkout already going says so here
+        records = RunRecords(state_dir)
+        stop_leftovers(records)  # what a run that died left: never two stacks on one database
         check_port_free(port, embedded)
         if not env.get(METRICS_DIR_VARIABLE, "").strip():
             env[METRICS_DIR_VARIABLE] = str(fresh_metrics_dir(state_dir))
@@ -651,18 +834,21 @@ def main() -> int:
         seed_demo(env, port)
         # From here on signals are only recorded: nothing below may be cut short by one.
         signals.raise_on_signal = False
-        start_children(children, env, port)
-        return supervise(children, signals, port, embedded)
+        start_children(children, env, port, records)
+        return supervise(children, signals, port, embedded, records)
     except StopRequested:
         return 0
     except SetupFailed as error:
         say(f"run.py: {error}", error=True)
         return 1
     finally:
+        # Stop first, talk after: `say` cannot fail, but nothing here waits on being heard.
         signals.raise_on_signal = False
         if signals.stop_requested:
             say("Stopping (Ctrl-C again to skip the graceful wait)...")
         stop_children(children, signals)
+        if records is not None and children:
+            records.remove()
         started_servers = embedded is not None and (embedded.postgres or embedded.redis)
         if embedded is not None:
             embedded.stop()

@@ -17,8 +17,10 @@ import os
 import socket
 import threading
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-import psycopg
+if TYPE_CHECKING:  # only annotated here: app.py imports KEEPALIVES, which a command needs early
+    import psycopg
 
 log = logging.getLogger("brand_api.database")
 

@@ -35,6 +35,14 @@ every event published after it began, until it ends: a postback hung in its tran
 waiting reader sees such held-back events and reads again shortly (`HELD_BACK_PAUSES`) instead
 of waiting for a wake-up that their own commit already sent.
 
+Newest first
+------------
+`sort_order="desc"` walks the same order backwards: the newest events first, `after` then meaning
+"published before this one". It lists only rows already below the horizon, so a walk back from
+its first page never passes a row to come: a row not yet settled when the walk began belongs
+after its start, not inside the range it walks. It never waits (nothing older than a cursor can
+be published): it is for reading history, the feed with `asc` for following it.
+
 Waiting
 -------
 `fetch_events(..., wait=N)` with nothing to list registers a waiter for the brand
@@ -65,6 +73,7 @@ from models import WebhookDelivery, WebhookEvent
 from models.columns import id_time, utcnow
 from models.event_catalog import EVENT_NAMES
 from models.event_subjects import subject_key
+from models.paging import ASCENDING, DESCENDING
 from schemas.event_feed import FEED_DEFAULT_LIMIT
 from services import work_slots
 from services.deliveries import count_states
@@ -139,13 +148,15 @@ def fetch_events(
     types: Sequence[str] | None = None,
     subject: tuple[str, str] | None = None,
     wait: float = 0,
+    sort_order: str = ASCENDING,
     now: datetime | None = None,
 ) -> EventPage:
     """The brand's events after `after` (an event id; None: from the oldest kept), oldest
     first, at most `limit`, of the `types` named (None: every type), of the `subject` (type,
     id) given (None: every subject). With `wait` > 0 and nothing to list, waits up to `wait`
     seconds for an event and answers as soon as one can be listed, a wait counted against the
-    caps of API key `key_id` (see the module's doc).
+    caps of API key `key_id` (see the module's doc). `sort_order` "desc": newest first, before
+    `after` (None: from the newest), never waiting.
 
     :raise NotFound: `after` is not an event of the brand (and not one retention deleted).
     :raise ValidationFailed: with `subject`, `after` is an event of another subject.
@@ -153,6 +164,8 @@ def fetch_events(
     """
     kept_since = (now or utcnow()) - retention_period()
     names = list(types) if types else list(EVENT_NAMES)
+    if sort_order == DESCENDING:
+        return _read_back(brand_id, after, names, limit, subject, kept_since)
     if subject is None:
         cursor = _cursor(brand_id, after, kept_since)
 
@@ -266,9 +279,9 @@ class _FeedRow(NamedTuple):
 # index range of ix_webhook_events_feed (brand, name, xact_id, position), merged. `settled`: the
 # row's transaction is below this statement's snapshot's horizon (see the module's doc); the
 # snapshot that reads the rows is the one that says so, since both are one statement.
-_FEED = psycopg_sql(
-    text(
-        """
+# The horizon of the statement's snapshot (see the module's doc): `horizon.xmin`, below which
+# every transaction of this database has ended. Both orders of the feed start with it.
+_HORIZON = """
     WITH snapshot AS MATERIALIZED (
         SELECT pg_current_snapshot() AS taken
     ),
@@ -292,6 +305,12 @@ _FEED = psycopg_sql(
         ) AS xmin
         FROM snapshot
     ),
+"""
+
+_FEED = psycopg_sql(
+    text(
+        _HORIZON  # noqa: S608 - constant SQL, put together at import
+        + """
     candidates AS (
         SELECT page.id, page.xact_id, page.position
         FROM unnest(CAST(:names AS varchar[])) AS wanted(name)
@@ -314,6 +333,97 @@ _FEED = psycopg_sql(
     JOIN webhook_events AS event ON event.id = candidates.id
     CROSS JOIN horizon
     ORDER BY candidates.xact_id, candidates.position
+    """
+    )
+)
+
+
+# ---- newest first ----
+
+
+def _read_back(
+    brand_id: str,
+    before: str | None,
+    names: list[str],
+    limit: int,
+    subject: tuple[str, str] | None,
+    kept_since: datetime,
+) -> EventPage:
+    """The brand's (or the subject's) kept events published before `before`, newest first.
+    `before` deleted by retention, or older than it keeps: nothing older is kept, so the page
+    is empty and says the cursor expired.
+
+    :raise NotFound: `before` is no event of the brand, and not an expired one.
+    :raise ValidationFailed: with `subject`, `before` is an event of another subject."""
+    if subject is not None:
+        subject_cursor = _subject_cursor(brand_id, subject, before, kept_since)
+        if subject_cursor.expired:
+            return EventPage(events=[], next_after=before, cursor_expired=True)
+        events = subject_events(
+            brand_id,
+            subject,
+            newest_first=True,
+            before_sequence=subject_cursor.sequence if before is not None else None,
+            limit=limit,
+            names=names,
+            kept_since=kept_since,
+        )
+    else:
+        cursor = _cursor(brand_id, before, kept_since)
+        if cursor.expired:
+            return EventPage(events=[], next_after=before, cursor_expired=True)
+        position = cursor.position if before is not None else _END
+        events = [
+            FeedEvent.of_row(_FeedRow(*row))
+            for row in fetch_all_on_psycopg(
+                db.session.connection(),
+                _FEED_BACK,
+                {
+                    "brand_id": brand_id,
+                    "names": names,
+                    "before_xact_id": position[0],
+                    "before_position": position[1],
+                    "kept_since": kept_since,
+                    "limit": limit,
+                },
+            )
+        ]
+    return EventPage(events=events, next_after=events[-1].id if events else before)
+
+
+# After every (xact_id, position) of a real event (both are bigint): the end of the feed.
+_END = (2**63 - 1, 2**63 - 1)
+
+# `_FEED` backwards: the brand's settled events of the names asked for, before the cursor, newest
+# first (each name's index range walked backwards, merged). Rows above the horizon are left out
+# rather than ending the page: see the module's doc, "Newest first".
+_FEED_BACK = psycopg_sql(
+    text(
+        _HORIZON  # noqa: S608 - constant SQL, put together at import
+        + """
+    candidates AS (
+        SELECT page.id, page.xact_id, page.position
+        FROM unnest(CAST(:names AS varchar[])) AS wanted(name)
+        CROSS JOIN horizon
+        CROSS JOIN LATERAL (
+            SELECT event.id, event.xact_id, event.position
+            FROM webhook_events AS event
+            WHERE event.brand_id = :brand_id
+              AND event.name = wanted.name
+              AND (event.xact_id, event.position) < (:before_xact_id, :before_position)
+              AND event.xact_id < horizon.xmin
+              AND event.created_at >= :kept_since
+            ORDER BY event.xact_id DESC, event.position DESC
+            LIMIT :limit
+        ) AS page
+        ORDER BY page.xact_id DESC, page.position DESC
+        LIMIT :limit
+    )
+    SELECT event.id, event.name, event.created_at, event.subject_type, event.subject_id,
+           event.sequence, event.body, TRUE AS settled
+    FROM candidates
+    JOIN webhook_events AS event ON event.id = candidates.id
+    ORDER BY candidates.xact_id DESC, candidates.position DESC
     """
     )
 )
@@ -398,13 +508,16 @@ def subject_events(
     brand_id: str,
     subject: tuple[str, str],
     *,
-    after_sequence: int,
+    after_sequence: int = 0,
     limit: int,
     names: Sequence[str] | None = None,
     kept_since: datetime | None = None,
+    newest_first: bool = False,
+    before_sequence: int | None = None,
 ) -> list[FeedEvent]:
     """The kept events of the brand's `subject` (type, id) numbered after `after_sequence`, in
-    sequence order, at most `limit`, of the `names` given (None: every one)."""
+    sequence order, at most `limit`, of the `names` given (None: every one). `newest_first`:
+    in the opposite order, those numbered below `before_sequence` (None: from the newest)."""
     subject_type, subject_id = subject
     statement = (
         select(
@@ -425,9 +538,11 @@ def subject_events(
             WebhookEvent.created_at
             >= (kept_since if kept_since is not None else utcnow() - retention_period()),
         )
-        .order_by(WebhookEvent.sequence)
+        .order_by(WebhookEvent.sequence.desc() if newest_first else WebhookEvent.sequence)
         .limit(limit)
     )
+    if before_sequence is not None:
+        statement = statement.where(WebhookEvent.sequence < before_sequence)
     if names is not None and set(names) != set(EVENT_NAMES):
         statement = statement.where(WebhookEvent.name.in_(list(names)))
     return [FeedEvent.of_row(row) for row in db.session.execute(statement)]

@@ -280,7 +280,7 @@ def update_endpoint(
             first_batch=True,
         )
     if is_active is not _UNSET:
-        db.session.refresh(endpoint)  # endpoint_health changed the row beneath the session
+        db.session.refresh(endpoint)  # delivery.health changed the row beneath the session
     dropped = subscription.dropped_events if subscription is not None else []
     return UpdatedEndpoint(record=endpoint, dropped_events=dropped)
 

@@ -12,6 +12,27 @@
     showToast.timer = setTimeout(function () { toast.hidden = true; }, 8000);
   }
 
+  // A command copied with a signature that receivers refuse by now (data-expires-at, on a page
+  // drawn before then): said at once, where it was copied, not by the receiver's 400 later.
+  function warnIfStale(button) {
+    var expires = Date.parse(button.getAttribute("data-expires-at") || "");
+    if (isNaN(expires) || Date.now() < expires) return;
+    var note = document.getElementById(button.getAttribute("data-expired-note") || "");
+    if (note) note.classList.add("attempt-replay-expired");
+    showToast("Copied, but its timestamp is too old now: a receiver that checks timestamps " +
+      "refuses it (it expired " + relativeTime(expires, Date.now()) + ").");
+  }
+
+  // The event catalogue folds each sample body: the one a link points at (#deal.completed) opens.
+  function openTargetedSample() {
+    var id = decodeURIComponent(location.hash.slice(1));
+    var entry = id && document.getElementById(id);
+    var fold = entry && entry.querySelector("details.event-sample-fold");
+    if (fold) fold.open = true;
+  }
+  window.addEventListener("hashchange", openTargetedSample);
+  document.addEventListener("DOMContentLoaded", openTargetedSample);
+
   // Copy buttons: data-copy holds the text, or data-copy-from names the element whose text it
   // is (a long command shown on the page anyway). The label confirms, then returns.
   document.addEventListener("click", function (event) {
@@ -23,6 +44,7 @@
       var label = button.textContent;
       button.textContent = "Copied";
       setTimeout(function () { button.textContent = label; }, 1500);
+      warnIfStale(button);
     };
     if (navigator.clipboard && window.isSecureContext) {
       navigator.clipboard.writeText(text).then(done, function () { showToast("Copy failed: select the text and copy it."); });

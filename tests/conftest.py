@@ -17,7 +17,7 @@ from services.bootstrap_tokens import issue_bootstrap_token
 from services.brands import create_brand
 from services.wakeups import stop_listeners
 from tests.backends import Backends, open_backends
-from tests.browser import Problems, launched_chromium, open_context, require_browser
+from tests.browser import LAPTOP, Problems, launched_chromium, open_context, require_browser
 from tests.receiver import Receiver
 from tests.server_process import ServerProcess
 from tests.worker_process import WorkerProcess
@@ -230,6 +230,31 @@ def browser_server(browser, app, app_environ) -> Iterator[ServerProcess]:
     process = ServerProcess(app_environ, workers=1, threads=4)
     yield process
     process.stop()
+
+
+@pytest.fixture
+def open_page(browser, browser_server, problems) -> Iterator:
+    """`open_page(viewport, javascript, **options)`: a page of a fresh browser profile (a
+    laptop's, JavaScript on, unless told; `options` go to its context, e.g. `permissions`);
+    no console error may happen in it."""
+    contexts = []
+
+    def open_one(viewport: dict = LAPTOP, javascript: bool = True, **options):
+        context = open_context(
+            browser,
+            browser_server.url,
+            problems,
+            viewport=viewport,
+            javascript=javascript,
+            **options,
+        )
+        contexts.append(context)
+        return context.new_page()
+
+    yield open_one
+    for context in contexts:
+        context.close()
+    problems.assert_none()
 
 
 @pytest.fixture

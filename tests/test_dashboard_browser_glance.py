@@ -13,7 +13,6 @@ a phone (390x844), with JavaScript off and on: what the newcomer's first hour (i
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 import pytest
@@ -26,7 +25,7 @@ from models.event_catalog import EVENT_NAMES
 from services.endpoint_urls import UrlPolicy
 from services.events import publish_event
 from services.webhook_endpoints import register_endpoint
-from tests.browser import LAPTOP, PHONE, expect, open_context, sign_in_with_key
+from tests.browser import LAPTOP, PHONE, expect, sign_in_with_key
 from tests.delivery_states import settle
 
 LOCAL = UrlPolicy(https_only=False, allow_local=True)
@@ -41,25 +40,6 @@ STATES = ("waiting", "retrying", "delivered", "failed")
 
 VIEWPORTS = pytest.mark.parametrize("viewport", [LAPTOP, PHONE], ids=["laptop", "phone"])
 JAVASCRIPT = pytest.mark.parametrize("javascript", [False, True], ids=["no-js", "js"])
-
-
-@pytest.fixture
-def open_page(browser, browser_server, problems) -> Iterator:
-    """`open_page(viewport, javascript)`: a page of a fresh browser profile; no console error
-    may happen in it."""
-    contexts = []
-
-    def open_one(viewport: dict = LAPTOP, javascript: bool = True):
-        context = open_context(
-            browser, browser_server.url, problems, viewport=viewport, javascript=javascript
-        )
-        contexts.append(context)
-        return context.new_page()
-
-    yield open_one
-    for context in contexts:
-        context.close()
-    problems.assert_none()
 
 
 def endpoint(app, brand_id: str, url: str, description: str | None = None, events=None) -> str:

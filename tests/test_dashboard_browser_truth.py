@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -33,7 +32,7 @@ from services.endpoint_urls import UrlPolicy
 from services.events import publish_event
 from services.postbacks import Postback, record_postback
 from services.webhook_endpoints import register_endpoint
-from tests.browser import LAPTOP, PHONE, expect, open_context, open_fold, sign_in_with_key
+from tests.browser import LAPTOP, PHONE, expect, open_fold, sign_in_with_key
 from tests.worker_process import WorkerProcess
 
 LOCAL = UrlPolicy(https_only=False, allow_local=True)
@@ -48,25 +47,6 @@ SETTLE_MS = 20_000
 
 VIEWPORTS = pytest.mark.parametrize("viewport", [LAPTOP, PHONE], ids=["laptop", "phone"])
 JAVASCRIPT = pytest.mark.parametrize("javascript", [False, True], ids=["no-js", "js"])
-
-
-@pytest.fixture
-def open_page(browser, browser_server, problems) -> Iterator:
-    """`open_page(viewport, javascript)`: a page of a fresh browser profile; no console error
-    may happen in it."""
-    contexts = []
-
-    def open_one(viewport: dict, javascript: bool):
-        context = open_context(
-            browser, browser_server.url, problems, viewport=viewport, javascript=javascript
-        )
-        contexts.append(context)
-        return context.new_page()
-
-    yield open_one
-    for context in contexts:
-        context.close()
-    problems.assert_none()
 
 
 def make_key(app, brand_id: str, scopes=("read", "write"), name: str = "ops") -> str:

@@ -188,7 +188,7 @@ def test_list_shows_each_endpoints_state_and_never_a_secret(app, client, brand, 
     assert f'href="/dashboard/endpoints/{healthy}"' in rows[healthy]
     assert "status-failing" in rows[failing]
     assert '<td data-label="Failures in a row">4</td>' in rows[failing]
-    assert "3 subscribed" in rows[failing]
+    assert "3 events" in rows[failing]
     assert "status-disabled" in rows[disabled]
     assert "Disabled through the API" in rows[disabled]
     assert "update-endpoint" not in rows[disabled]  # a route's name means nothing here

@@ -6,12 +6,16 @@ the read API shows the step. Errors are one line on stderr with a non-zero exit.
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from extensions import db
+from fixtures.demo import seed_demo_workspace
 from models import WebhookEvent
+from models.columns import utcnow
+from services.retention import delete_expired_deliveries, retention_period
 from tests.helpers import assert_success
 
 
@@ -214,3 +218,36 @@ def test_demo_seed_leaves_the_demo_brand_as_it_was_and_names_the_new_one_apart(r
         "Kola Naturals (demo 2)",
         "Kola Naturals (demo 3)",
     ]
+
+
+def demo_events(app, brand_id: str) -> tuple[int, object]:
+    """How many events the brand has, and when its oldest was published."""
+    with app.app_context():
+        count, oldest = db.session.execute(
+            select(func.count(), func.min(WebhookEvent.created_at)).where(
+                WebhookEvent.brand_id == brand_id
+            )
+        ).one()
+        db.session.remove()
+    return count, oldest
+
+
+def test_a_worker_s_first_purge_deletes_none_of_the_seeded_demo_history(app, runner):
+    """`make run` seeds the demo, then its worker purges what is older than the retention at
+    once: none of the demo's month may be that old (it was 2 events), whatever the time."""
+    brand_id = seed(runner)
+    seeded, _ = demo_events(app, brand_id)
+    with app.app_context(), db.engine.connect() as connection:
+        delete_expired_deliveries(connection, now=utcnow(), retention=retention_period())
+    assert demo_events(app, brand_id)[0] == seeded
+
+    # Seeded at any time of day (the story starts at 09:00 of its first day): a day's margin.
+    yesterday = utcnow() - timedelta(days=1)
+    for hour, minute in ((0, 1), (8, 59), (9, 1), (23, 59)):
+        now = yesterday.replace(hour=hour, minute=minute)
+        with app.app_context():
+            seeded_brand = seed_demo_workspace(now=now).brand.id
+            db.session.commit()
+            retention = retention_period()
+        _, oldest = demo_events(app, seeded_brand)
+        assert oldest > now - retention + timedelta(hours=6), (now, oldest)

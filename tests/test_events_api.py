@@ -4,6 +4,7 @@ long-poll, retention, another brand's events, and what a waiting request holds."
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import statistics
@@ -182,6 +183,71 @@ def test_types_lists_only_those_types_and_refuses_a_name_that_is_no_event(app, b
     assert "escrow.held" not in message
     for bad in ("", "deal.completed,", "deal.completed, escrow.held"):
         assert feed.get(types=bad).status_code == 400, bad
+
+
+@contextlib.contextmanager
+def an_open_transaction(app) -> Iterator[psycopg.Connection]:
+    """A connection to the app's database whose transaction has taken an id and stays open
+    until the block commits it (or ends)."""
+    with app.app_context():
+        conninfo = conninfo_for(db.engine)
+    with psycopg.connect(conninfo) as older:
+        older.execute("SELECT pg_current_xact_id()")
+        yield older
+
+
+def test_sort_order_desc_reads_the_same_order_backwards(app, brand, feed):
+    """The paging words of fetch-deliveries: `sortOrder=desc` lists newest first, and
+    `nextAfter` walks further back; with `types` and `subject` too. `asc` is the default."""
+    names = ["deal.completed", "escrow.released", "deal.completed"]
+    published = [publish(app, brand, name)[0] for name in names * 4]
+
+    events, last = follow(feed, sortOrder="desc", limit=5)
+    assert [event["id"] for event in events] == published[::-1]
+    assert last == published[0]
+    assert [e["id"] for e in feed.page(sortOrder="asc")["data"]["events"]] == published
+    assert feed.page()["data"]["events"] == feed.page(sortOrder="asc")["data"]["events"]
+    # Before a cursor; of some types only.
+    back = feed.page(sortOrder="desc", after=published[5], limit=3)
+    assert [event["id"] for event in back["data"]["events"]] == published[4:1:-1]
+    assert back["meta"] == {"nextAfter": published[2], "cursorExpired": False}
+    escrow, _ = follow(feed, sortOrder="desc", types="escrow.released", limit=2)
+    assert [event["id"] for event in escrow] == published[1::3][::-1]
+    # Nothing older than the first: an empty page, the cursor back.
+    assert feed.page(sortOrder="desc", after=published[0])["data"]["events"] == []
+
+    # One subject's life, newest step first.
+    steps = publish_of(
+        app,
+        brand,
+        ("deal.accepted", {"id": "deal_desc"}),
+        ("escrow.held", {"id": "esc_1", "dealId": "deal_desc"}),
+        ("deal.completed", {"id": "deal_desc"}),
+    )
+    events, _ = follow(feed, sortOrder="desc", subject="deal:deal_desc", limit=2)
+    assert [event["id"] for event in events] == steps[::-1]
+    assert [event["sequence"] for event in events] == [3, 2, 1]
+
+    refused = feed.get(sortOrder="newest")
+    assert refused.status_code == 400 and set(refused.json()["errors"]) == {"sortOrder"}
+
+
+def test_sort_order_desc_never_skips_an_event_behind_an_open_transaction(app, brand, feed):
+    """Newest first lists only what is final: an event committed while an older transaction
+    is open is left out, not listed above a place the older one could still take."""
+    [first] = publish(app, brand)
+    with an_open_transaction(app) as older:
+        [held] = publish(app, brand)
+        newest = feed.page(sortOrder="desc")["data"]["events"]
+        assert [event["id"] for event in newest] == [first]
+        started = time.monotonic()
+        assert feed.page(sortOrder="desc", wait=5)["data"]["events"] == newest  # never waits
+        assert time.monotonic() - started < 2.5
+        older.commit()
+    assert [event["id"] for event in feed.page(sortOrder="desc")["data"]["events"]] == [
+        held,
+        first,
+    ]
 
 
 def publish_of(app, brand_id: str, *events: tuple[str, dict]) -> list[str]:
@@ -414,10 +480,7 @@ def test_events_behind_an_older_open_transaction_wait_for_it(app, brand, feed):
     still open is not listed yet (the older one could still publish an event before it), and
     is listed the moment that transaction ends."""
     [after] = publish(app, brand)
-    with app.app_context():
-        conninfo = conninfo_for(db.engine)
-    with psycopg.connect(conninfo) as older:
-        older.execute("SELECT pg_current_xact_id()")  # takes a transaction id, stays open
+    with an_open_transaction(app) as older:
         [held] = publish(app, brand)
         assert feed.page(after=after)["data"]["events"] == []
         thread, answer = _wait_in_background(feed, after=after, wait=20)
@@ -528,7 +591,9 @@ def test_the_document_states_every_rule_of_the_events_routes(client):
     assert {"400", "401", "403", "404", "429"} <= set(feed["responses"])
     assert "404" in one["responses"]
     query = {p["name"]: p["schema"] for p in feed["parameters"] if p["in"] == "query"}
-    assert set(query) == {"after", "limit", "types", "subject", "wait"}
+    assert set(query) == {"after", "limit", "types", "subject", "wait", "sortOrder"}
+    assert query["sortOrder"]["enum"] == ["asc", "desc"]
+    assert query["sortOrder"]["default"] == "asc"
     assert (query["limit"]["minimum"], query["limit"]["maximum"], query["limit"]["default"]) == (
         1,
         100,

@@ -6,11 +6,8 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import time
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 from rq import Worker
@@ -21,24 +18,11 @@ from models import WebhookDelivery, WebhookEvent
 from models.columns import utcnow
 from models.event_catalog import EVENT_NAMES, sample_data
 from services.events import publish_event
+from tests.command_line import run_flask
 from tests.delivery_states import settle, wait_for_a_retry
 from tests.helpers import assert_success
 from tests.worker_process import WorkerProcess
 from workers.connection import redis_connection
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def flask_command(environ: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "flask", "--app", "app", *args],
-        env={**environ, "PATH": "/usr/bin:/bin"},
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 def call(client, brand: str, key: str, method: str, path: str, status: int = 200, **kw) -> dict:
@@ -80,7 +64,7 @@ def test_emit_prints_the_event_id_and_fans_out_to_subscribers(
     gone = register(client, brand, write_key, ["deal.completed"])
     call(client, brand, write_key, "DELETE", f"webhook/{gone}/delete-endpoint")
 
-    result = flask_command(app_environ, "events", "emit", brand, "deal.completed")
+    result = run_flask(app_environ, "events", "emit", brand, "deal.completed")
 
     assert result.returncode == 0, result.stderr
     assert re.fullmatch(r"evt_\w+\n", result.stdout), result.stdout
@@ -97,7 +81,39 @@ def test_emit_prints_the_event_id_and_fans_out_to_subscribers(
     assert payload["type"] == "deal.completed"
     assert payload["brandId"] == brand
     assert payload["apiVersion"] == "1"
-    assert payload["data"] == sample_data("deal.completed")
+    assert_a_fresh_sample(payload["data"], "deal.completed")
+
+
+def assert_a_fresh_sample(data: dict, name: str) -> None:
+    """The catalogue's sample for `name`, each of its record ids replaced by a new one."""
+    sample = sample_data(name)
+    assert data.keys() == sample.keys()
+    for key, value in sample.items():
+        if isinstance(value, str) and re.fullmatch(r"[a-z]+_[0-9a-z]{26}", value):
+            assert data[key] != value and data[key].split("_")[0] == value.split("_")[0], key
+        else:
+            assert data[key] == value, key
+
+
+def test_emit_without_data_is_about_a_new_sample_subject_each_time(
+    app, runner, client, brand, write_key
+):
+    """Two emits of the sample are two deals, each at sequence 1 (not one sample deal whose
+    sequence climbs across unrelated emits), and the command says which subject it used."""
+    register(client, brand, write_key, ["deal.completed", "placement.verified"])
+    subjects = []
+    for name in ("deal.completed", "deal.completed", "placement.verified"):
+        result = runner.invoke(args=["events", "emit", brand, name])
+        assert result.exit_code == 0, result.output
+        event = call(client, brand, write_key, "GET", f"event/{result.stdout.strip()}")
+        assert event["sequence"] == 1
+        assert event["subject"]["type"] == "deal"
+        # The placement's deal is its subject: the same new id where the sample repeats it.
+        assert event["subject"]["id"] == event["data"].get("dealId", event["data"]["id"])
+        key = f"deal:{event['subject']['id']}"
+        assert f"about a new sample deal ({key}, sequence 1)" in result.stderr, result.stderr
+        subjects.append(key)
+    assert len(set(subjects)) == 3
 
 
 def test_emit_sends_the_given_data(app, runner, client, brand, write_key):
@@ -138,7 +154,7 @@ def test_emit_to_one_endpoint_sends_it_the_sample_whatever_it_subscribes_to(
     [delivery] = deliveries(client, brand, write_key)
     assert (delivery["endpointId"], delivery["eventId"]) == (chosen, event_id)
     detail = call(client, brand, write_key, "GET", f"webhook/deliveries/{delivery['id']}")
-    assert detail["payload"]["data"] == sample_data("deal.completed")
+    assert_a_fresh_sample(detail["payload"]["data"], "deal.completed")
 
 
 def test_emit_to_a_disabled_or_unknown_endpoint_is_a_one_line_error(
@@ -229,7 +245,7 @@ def test_emit_refuses_bad_input_and_creates_nothing(
 
 
 def test_emit_error_in_a_real_process(app, app_environ, brand):
-    result = flask_command(app_environ, "events", "emit", brand, "deal.finished")
+    result = run_flask(app_environ, "events", "emit", brand, "deal.finished")
 
     assert result.returncode != 0
     assert result.stdout == ""
@@ -312,9 +328,15 @@ def test_recover_prints_how_many_failures_it_queued_again(app, runner, brand, wr
     recent = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(time.time() - 3600))
     result = runner.invoke(args=["events", "recover", brand, endpoint["id"], "--since", recent])
     assert result.exit_code == 0, result.output
-    assert result.stdout.strip() == "1"
+    assert result.stdout == (
+        f"1 failed delivery to {endpoint['id']} queued again, as new deliveries\n"
+    )
     again = runner.invoke(args=["events", "recover", brand, endpoint["id"], "--since", recent])
-    assert again.stdout.strip() == "0"
+    assert again.stdout == (
+        f"0 failed deliveries to {endpoint['id']} in that window were left to send again\n"
+    )
+    quiet = ["events", "recover", brand, endpoint["id"], "--since", recent, "--quiet"]
+    assert runner.invoke(args=quiet).stdout == "0\n"  # for a script: the number alone
     unknown = runner.invoke(args=["events", "recover", brand, "whe_nope", "--since", recent])
     assert unknown.exit_code != 0 and "whe_nope" in unknown.output
 
@@ -329,7 +351,8 @@ def wait_for_a_retry_in_an_hour(app, delivery_id: str) -> None:
         db.session.commit()
 
 
-def test_retry_pending_prints_how_many_are_due_now(app, app_environ, client, brand, write_key):
+def test_retry_pending_says_how_many_it_made_due_now(app, app_environ, client, brand, write_key):
+    """One line that says what was done, its count first; `--quiet`: the count alone."""
     endpoint = register(client, brand, write_key, ["deal.completed"])
     with app.app_context():
         published = [
@@ -342,14 +365,22 @@ def test_retry_pending_prints_how_many_are_due_now(app, app_environ, client, bra
     retrying = call(client, brand, write_key, "GET", "webhook/fetch-deliveries?retrying=true")
     assert all(d["nextRetryAt"] > d["createdAt"] for d in retrying["deliveries"])
 
-    result = flask_command(app_environ, "events", "retry-pending", brand, endpoint)
+    result = run_flask(app_environ, "events", "retry-pending", brand, endpoint)
 
     assert result.returncode == 0, result.stderr
-    assert result.stdout == "2\n"
+    assert result.stdout == f"2 deliveries to {endpoint} waiting for a retry are due now\n"
     for delivery in deliveries(client, brand, write_key):
         assert delivery["nextRetryAt"] is None or delivery["nextRetryAt"] <= iso_now()
-    again = flask_command(app_environ, "events", "retry-pending", brand, endpoint)
-    assert (again.returncode, again.stdout) == (0, "0\n")
+    again = run_flask(app_environ, "events", "retry-pending", brand, endpoint)
+    assert (again.returncode, again.stdout) == (
+        0,
+        f"0 deliveries to {endpoint} were waiting for a retry: nothing to send sooner\n",
+    )
+    wait_for_a_retry_in_an_hour(app, published[2].delivery_ids[0])
+    one = run_flask(app_environ, "events", "retry-pending", brand, endpoint)
+    assert one.stdout == f"1 delivery to {endpoint} waiting for a retry is due now\n"
+    quiet = run_flask(app_environ, "events", "retry-pending", "--quiet", brand, endpoint)
+    assert (quiet.returncode, quiet.stdout) == (0, "0\n")
 
 
 def test_retry_pending_of_an_unknown_brand_or_endpoint_is_a_one_line_error(
@@ -360,13 +391,13 @@ def test_retry_pending_of_an_unknown_brand_or_endpoint_is_a_one_line_error(
         (("brd_01jd3k7a9b1c3d5e7f9g1h3j5k", endpoint), "brd_01jd3k7a9b1c3d5e7f9g1h3j5k"),
         ((brand, "whe_01jd3kr7s9t1v3w5x7y9z1a3b5"), "whe_01jd3kr7s9t1v3w5x7y9z1a3b5"),
     ):
-        result = flask_command(app_environ, "events", "retry-pending", *arguments)
+        result = run_flask(app_environ, "events", "retry-pending", *arguments)
         assert result.returncode != 0
         assert result.stdout == ""
         assert result.stderr.strip().count("\n") == 0 and named in result.stderr, result.stderr
     path = f"webhook/{endpoint}/update-endpoint"
     call(client, brand, write_key, "PATCH", path, json={"isActive": False})
-    disabled = flask_command(app_environ, "events", "retry-pending", brand, endpoint)
+    disabled = run_flask(app_environ, "events", "retry-pending", brand, endpoint)
     assert disabled.returncode != 0 and "disabled" in disabled.stderr
 
 

@@ -8,13 +8,17 @@ receiver job %3) fails here.
 What the README shows is checked, not just run:
 - every command exits 0 (`kill` included), in a shell with `set -u`: every `$NAME` a command
   uses was set by an earlier line;
-- a `# → 201 {...}` line after a command is a claim about its answer: the status, and every
-  `"field": value` it names (`"…"` any text, `"cmp_…"` text starting so, or the exact value);
-- a line `NAME=prefix…  # …` is "paste what the previous command printed": that command's output
-  must hold such a value, which is then set in the shell as a person pastes it;
+- nothing is copied by hand: every value a later command uses is captured by the shell from
+  the command that produced it (`KEY=$(echo "$ANSWER" | field data.secret)`), never pasted;
+- every command that prints something shows what it prints: a `# → …` line after it, which is
+  a claim about its answer. `# → 201 {...}`: the status, and every `"field": value` it names
+  (`"…"` any text, `"cmp_…"` text starting so, or the exact value); `# → evt_…`: the text
+  printed, `…` standing for any;
 - what the commands sent to the bundled receiver arrived there, each with a signature it
-  verified: the test ping, each event the simulated steps published to its subscription, the
-  conversion recorded and the events the relay forwarded; the relay's line says `-> 200`;
+  verified: the test ping, each event the simulated steps and `events emit` published to its
+  subscription, the conversion recorded and the events the relay forwarded (its line says
+  `-> 200`); and each arrived exactly once, the one that waited for a retry while the receiver
+  was down included (retry-now, not a redelivery);
 - a process the README stops is gone; a receiver started again gets what is sent after.
 
 Only `make test` (this suite) and `make screenshots` are not run. Ports are the test's own: the
@@ -32,6 +36,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,6 +49,11 @@ SHELL_BLOCK = re.compile(r"```sh\n(.*?)```", re.S)
 CLAIM = re.compile(r"^#\s*→\s*(?:(\d{3})\s+)?(.*)$")
 PLACEHOLDER = re.compile(r"^([A-Z_]+)=(\S*)…(?:\s+#.*)?$")
 ASSIGNMENT = re.compile(r"^([A-Z_]+)=(.+?)(?:\s+#.*)?$")
+FUNCTION = re.compile(r"^\w+\(\)\s*\{")
+# The values a newcomer used to copy from JSON by hand (issue 43): the shell captures each.
+CAPTURED = ("KEY", "KEY_ID", "NEW_KEY", "ENDPOINT", "SECRET", "DELIVERY", "AFTER")
+# A line the receiver prints for a delivery: event, delivery id, verdict, body.
+RECEIVED = re.compile(r"^(\S+) (\S+) \(([^)]*)\) (.*)$")
 PAIR = re.compile(r'"(\w+)":\s*("(?:[^"\\]|\\.)*"|true|false|null|-?\d+|\[\])')
 NOT_RUN = ("make test", "make screenshots")
 SETTLE_SECONDS = 30.0
@@ -97,6 +107,24 @@ def matches(actual, expected: str) -> bool:
     return actual == value
 
 
+def text_matches(shown: str, output: str) -> bool:
+    """Whether `output` is the text a claim shows, `…` standing for any text."""
+    pattern = ".+?".join(re.escape(part) for part in shown.strip().split("…"))
+    return re.fullmatch(pattern, output.strip()) is not None
+
+
+def prints_nothing(command: str) -> bool:
+    """A step whose result is in the shell, not on the screen: an assignment (`KEY=$(…)`), a
+    function, a background job, a `kill`."""
+    first = command.split("#")[0].strip()
+    return bool(
+        (ASSIGNMENT.match(command) and not re.search(r";\s*echo\b", command))
+        or FUNCTION.match(command)
+        or first.endswith("&")
+        or re.match(r"kill\b", command)
+    )
+
+
 def found(tree, key: str, expected: str) -> bool:
     """Whether some object in `tree` has `key` with a value the claim allows."""
     if isinstance(tree, dict):
@@ -112,6 +140,10 @@ def claim_problems(claims: list[str], output: str) -> list[str]:
     problems = []
     for claim in claims:
         status, shown = CLAIM.match(claim).groups()
+        if not shown.startswith("{"):  # printed text, not a JSON answer
+            if not text_matches(shown, output):
+                problems.append(f"{claim!r}: printed {output[:500]!r}")
+            continue
         try:
             answer = json.loads(output)
         except ValueError:
@@ -236,7 +268,8 @@ class Walkthrough:
         self.environ = environ
         self.tmp_path = tmp_path
         self.terminal = Terminal(environ, tmp_path)
-        self.outputs: list[str] = []  # what each command that answers printed, in order
+        # What each command that answers printed, in order, beside the command.
+        self.outputs: list[tuple[str, str]] = []
         self.jobs: list[Job] = []
         self.stopped: list[Job] = []
         self.supervisor: subprocess.Popen | None = None
@@ -252,18 +285,14 @@ class Walkthrough:
             return
         if command.split("#")[0].strip() == "make run":
             return self.make_run()
-        placeholder = PLACEHOLDER.match(command)
-        if placeholder:
-            return self.paste(*placeholder.groups())
         if command.split("#")[0].strip().endswith("&"):
             return self.background(command)
         if re.match(r"kill\b", command):
             return self.stop(command)
-        assignment = ASSIGNMENT.match(command)
-        if assignment and "\n" not in command:
+        if prints_nothing(command):
             self.terminal.succeed(self.localize(command))
             return
-        self.outputs.append(self.until_claims_hold(step))
+        self.outputs.append((command, self.until_claims_hold(step)))
 
     def until_claims_hold(self, step: Step) -> str:
         """Paste it; a read (a GET) that does not show yet what its claim says is pasted again
@@ -278,15 +307,6 @@ class Walkthrough:
             if time.monotonic() > deadline:
                 pytest.fail("\n".join(problems), pytrace=False)
             time.sleep(0.5)
-
-    def paste(self, name: str, prefix: str) -> None:
-        """What the previous command printed, as a person pastes it."""
-        assert self.outputs, f"{name}={prefix}… pastes from a command before it"
-        # `[\w+/=-]`: a signing secret is base64 after its `whsec_` (CONTRACT 12.1).
-        pasted = re.findall(rf"{re.escape(prefix)}[\w+/=-]+", self.outputs[-1])
-        assert pasted, f"{name}={prefix}…: the previous command printed none:\n{self.outputs[-1]}"
-        # The longest: a key's secret, not its 12-character keyPrefix printed beside it.
-        self.terminal.succeed(f"{name}={shlex.quote(max(pasted, key=len))}")
 
     def make_run(self) -> None:
         if self.supervisor is not None:
@@ -315,7 +335,6 @@ class Walkthrough:
             assert self.supervisor.poll() is None, self.supervisor_log.read_text()
             with contextlib.suppress(requests.RequestException):
                 if requests.get(f"http://127.0.0.1:{self.port}/healthz", timeout=2).ok:
-                    self.outputs.append(self.supervisor_log.read_text())
                     return
             time.sleep(0.25)
         pytest.fail(f"make run did not serve in time:\n{self.supervisor_log.read_text()}")
@@ -352,7 +371,7 @@ class Walkthrough:
 
     def answers(self, since: int = 0) -> list[dict]:
         answers = []
-        for output in self.outputs[since:]:
+        for _, output in self.outputs[since:]:
             with contextlib.suppress(ValueError):
                 answer = json.loads(output)
                 if isinstance(answer, dict):
@@ -368,6 +387,15 @@ class Walkthrough:
             for event_id in re.findall(r" (evt_\w+)  -> 200 \(", job.output)
         ]
 
+    def emitted(self, since: int = 0) -> list[tuple[str, str]]:
+        """(event name, event id) of each `events emit` whose id the README shows."""
+        found = []
+        for command, output in self.outputs[since:]:
+            emit = re.search(r"events emit \S+ ([a-z_.]+)", command)
+            if emit and re.fullmatch(r"evt_\w+", output.strip()):
+                found.append((emit[1], output.strip()))
+        return found
+
     def sent_since(self, receiver: Job) -> list[str]:
         """What the README's commands sent to the endpoint since the receiver started: each
         queued delivery (the test ping, a redelivery), each event a simulated step published to
@@ -378,6 +406,8 @@ class Walkthrough:
             data = answer.get("data") or {}
             sent += [data[name] for name in ("deliveryId", "conversionId") if name in data]
             sent += [e["id"] for e in answer.get("events", []) if e["type"] in registered["events"]]
+        emitted = self.emitted(since=receiver.outputs_before)
+        sent += [event_id for name, event_id in emitted if name in registered["events"]]
         return sent
 
     def assert_received(self, receiver: Job, expected: list[str]) -> None:
@@ -452,21 +482,83 @@ def test_every_command_of_the_readme_works_pasted_in_order_into_one_shell(walkth
     sent = walkthrough.sent_since(first)
     for prefix in ("whd_", "evt_", "conv_"):  # the test ping, simulated events, a postback
         assert any(value.startswith(prefix) for value in sent), sent
+    assert walkthrough.emitted(), "the README emits an event and shows its id"
     # The relay delivered the events emitted after it started (its line says `-> 200`), as
     # deliveries of their own that the receiver verified.
     relayed = walkthrough.relayed()
     assert relayed, [job.output for job in walkthrough.jobs]
     for event_id in relayed:
-        line = f"deal.completed {event_id} (signature OK) "
-        assert any(line in receiver.output for receiver in receivers), event_id
-    # The receiver started again gets what is sent after it started: the redelivery.
-    assert any(value.startswith("whd_") for value in walkthrough.sent_since(again))
-    walkthrough.assert_received(again, walkthrough.sent_since(again))
+        assert any(f" {event_id} (signature OK) " in r.output for r in receivers), event_id
+    # The delivery that waited for a retry while the receiver was down reached the receiver
+    # started again, brought forward by retry-pending: the same delivery, not a new one.
+    retried = walkthrough.terminal.value("DELIVERY")
+    walkthrough.assert_received(again, [retried, *walkthrough.sent_since(again)])
+    assert retried not in first.output
+
+    # Every webhook the README sent arrived exactly once: no delivery twice, and no event
+    # twice (a redelivery, or the relay forwarding what an endpoint also gets, would be).
+    deliveries = delivered_events(receivers)
+    for seen in (Counter(d for d, _ in deliveries), Counter(e for _, e in deliveries)):
+        repeated = {key: count for key, count in seen.items() if count > 1}
+        assert repeated == {}, "\n".join(receiver.output for receiver in receivers)
+    received_events = {event_id for _, event_id in deliveries}
+    for event_id in relayed + [event_id for _, event_id in walkthrough.emitted()]:
+        assert event_id in received_events, event_id
 
     # A normal run logs no error: not while a receiver is down and its deliveries are retried,
     # nor anywhere before.
-    walkthrough.wait_for_a_retry(walkthrough.terminal.value("DELIVERY"))
+    walkthrough.wait_for_a_retry(retried)
     assert error_lines(walkthrough.supervisor_log.read_text()) == []
+
+
+def delivered_events(receivers: list[Job]) -> list[tuple[str, str]]:
+    """(delivery, event id) of every delivery the receivers printed: a delivery's id is its
+    `X-Service-Delivery` (the relay's, the event id), its event the body's `id`."""
+    found = []
+    for receiver in receivers:
+        for line in receiver.output.splitlines():
+            received = RECEIVED.match(line)
+            if received and received[4].startswith("{"):
+                found.append((received[2], json.loads(received[4])["id"]))
+    return found
+
+
+def test_the_readme_leaves_nothing_to_copy_by_hand():
+    """Every value a later command needs is captured by the shell from the command that made
+    it: no `NAME=prefix…` to paste over, each of the values a newcomer used to copy from JSON
+    read with `$(…)`, using only the venv's Python or the project's own command line."""
+    steps = readme_steps(README.read_text())
+    pasted = [step.command for step in steps if PLACEHOLDER.match(step.command)]
+    assert pasted == []
+    for name in CAPTURED:
+        assigned = [step.command for step in steps if re.match(rf"{name}=(?!\$)", step.command)]
+        captured = [step.command for step in steps if step.command.startswith(f"{name}=$(")]
+        assert captured and not assigned, (name, assigned)
+        for command in captured:
+            assert re.search(r"\| field \S+\)|\.venv/bin/(?:python|flask) ", command), command
+
+
+def test_each_step_of_the_readme_shows_what_it_printed():
+    """A command that prints something is followed by what it prints (`# → …`), so a person
+    pasting it can tell it worked; only what keeps its result in the shell shows nothing."""
+    steps = readme_steps(README.read_text())
+    silent = [
+        step.command
+        for step in steps
+        if not step.claims
+        and not prints_nothing(step.command)
+        and not any(skipped in step.command for skipped in (*NOT_RUN, "make run"))
+    ]
+    assert silent == []
+
+
+def test_the_walkthrough_retries_now_rather_than_redelivering():
+    """Once the receiver is back, the README brings the waiting delivery forward
+    (retry-pending), which sends it once; a redeliver there made a second delivery of the same
+    event, and the first arrived too."""
+    commands = " ".join(step.command for step in readme_steps(README.read_text()))
+    assert "/retry-pending" in commands
+    assert "/redeliver" not in commands
 
 
 ERROR_LINE = re.compile(r"\bERROR\b|^Traceback \(most recent call last\)|\bCRITICAL\b")

@@ -1,6 +1,7 @@
 """`make run`'s supervisor (scripts/run.py), run for real as a subprocess: it serves, restarts a
-child that dies while the API stays up, names a `make run` already running, and stops everything
-on Ctrl-C.
+child that dies while the API stays up, names a `make run` already running, stops everything
+on Ctrl-C (its output piped to a `tee` that Ctrl-C kills too) or when its terminal is closed,
+and stops what an earlier run that died left running before it starts anything.
 
 Isolated from the developer's own `make run`: the embedded PostgreSQL and Redis keep their files
 in a private directory (RUN_STATE_DIR, which also stops the supervisor from writing the markers
@@ -20,11 +21,14 @@ import fcntl
 import json
 import os
 import re
+import select
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import termios
 import threading
 import time
 from collections.abc import Iterator
@@ -106,10 +110,15 @@ def redis_server_alive(pid: int) -> bool:
 
 
 class Supervisor:
-    """One `scripts/run.py` run in a session of its own, its output in a file."""
+    """One `scripts/run.py` run in a session of its own, its output in a file; or, given a
+    shell `command`, `bash -c command` run so (`make run 2>&1 | tee …`), with what it prints
+    left to the command."""
 
-    def __init__(self, tmp_path: Path, env: dict[str, str], name: str) -> None:
+    def __init__(
+        self, tmp_path: Path, env: dict[str, str], name: str, command: str | None = None
+    ) -> None:
         self.env = env
+        self.command = command
         self.port = int(env["PORT"])
         self.base = f"http://127.0.0.1:{self.port}"
         self.state_dir = Path(env["RUN_STATE_DIR"])
@@ -119,6 +128,17 @@ class Supervisor:
         self.postgres_pid = 0
 
     def start(self) -> None:
+        if self.command is not None:
+            self.process = subprocess.Popen(
+                ["bash", "-c", self.command.format(log=shlex.quote(str(self.log_path)))],
+                cwd=REPO,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            return
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
                 [sys.executable, str(RUN_SCRIPT)],
@@ -132,6 +152,8 @@ class Supervisor:
 
     @property
     def output(self) -> str:
+        if not self.log_path.exists():
+            return ""
         return self.log_path.read_text(errors="replace")
 
     def fail(self, message: str) -> None:
@@ -230,8 +252,8 @@ def launch(tmp_path):
     """Start supervisors in tmp_path; whatever a failed test leaves running is killed."""
     started: list[Supervisor] = []
 
-    def start(env: dict[str, str], name: str = "run") -> Supervisor:
-        supervisor = Supervisor(tmp_path, env, name)
+    def start(env: dict[str, str], name: str = "run", command: str | None = None) -> Supervisor:
+        supervisor = Supervisor(tmp_path, env, name, command)
         started.append(supervisor)
         supervisor.start()
         supervisor.wait_until_healthy()
@@ -534,3 +556,166 @@ def test_a_port_another_program_holds_gets_a_free_port_that_works(
         # As the hint says: it runs.
         supervisor = launch(isolated_env(state_dir, int(suggested[1])))
     assert_stopped_cleanly(supervisor, marker_before)
+
+
+def supervisor_pid(supervisor: Supervisor) -> int:
+    """The pid of scripts/run.py itself (under `make` and a shell, when a command runs it)."""
+    [pid] = session_pids(supervisor, "scripts/run.py")
+    return pid
+
+
+def wait_for_exit(supervisor: Supervisor, pid: int) -> None:
+    """Until run.py (`pid`) and then the shell that ran it have exited (the shell reaped, so that
+    it is not counted as left behind)."""
+    deadline = time.monotonic() + STOP_TIMEOUT
+    while pid in process_table():
+        if time.monotonic() > deadline:
+            supervisor.fail(f"run.py (pid {pid}) still runs {STOP_TIMEOUT:.0f} s after the stop")
+        time.sleep(0.1)
+    try:
+        supervisor.process.wait(timeout=STOP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        supervisor.fail("the shell that ran `make run` did not exit after it")
+
+
+def assert_nothing_left(supervisor: Supervisor, marker_before: list[str | None]) -> None:
+    """What assert_stopped_cleanly checks of the processes and files, for a run whose output
+    went nowhere (so no "Stopped." to read)."""
+    assert supervisor.leftovers() == [], supervisor.output
+    assert not (supervisor.state_dir / "redis.db.settings").exists()
+    assert not (supervisor.postgres_dir / "postmaster.pid").exists()
+    assert not (supervisor.state_dir / "run.pids").exists()
+    assert_state_dir_unlocked(supervisor.state_dir)
+    assert read_markers() == marker_before
+
+
+def test_ctrl_c_stops_everything_though_it_kills_tee_too(state_dir, launch, marker_before):
+    """`make run 2>&1 | tee run.log`, then Ctrl-C: the terminal's SIGINT reaches the whole
+    pipeline, so `tee` dies with it and every line run.py writes on its way out goes to a
+    closed pipe. Everything stops all the same."""
+    supervisor = launch(
+        isolated_env(state_dir, free_port()), name="tee", command="make run 2>&1 | tee {log}"
+    )
+    assert_ready_on_embedded_servers(supervisor)
+    run_py = supervisor_pid(supervisor)
+    assert session_pids(supervisor, "tee"), supervisor.session_members()
+
+    os.killpg(supervisor.process.pid, signal.SIGINT)  # Ctrl-C: the foreground process group
+    wait_for_exit(supervisor, run_py)
+
+    assert_nothing_left(supervisor, marker_before)
+
+
+class TerminalWindow:
+    """A terminal window: a pseudo-terminal whose master side this test holds (what it shows is
+    copied to a file) and whose other side is the controlling terminal of the shell started on
+    it. Closing the window closes the master: the kernel hangs the terminal up, SIGHUP reaches
+    the shell and then its foreground processes, and their writes to it fail with EIO."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.master, self.terminal = os.openpty()
+        self.log_path = log_path
+        self._open = threading.Event()
+        self._open.set()
+        self._copier = threading.Thread(target=self._copy, daemon=True)
+
+    def run(self, command: str, env: dict[str, str]) -> subprocess.Popen:
+        """`bash -c command` as the session leader of this terminal."""
+        process = subprocess.Popen(
+            ["bash", "-c", command],
+            cwd=REPO,
+            env=env,
+            stdin=self.terminal,
+            stdout=self.terminal,
+            stderr=self.terminal,
+            start_new_session=True,
+            # After setsid: the terminal becomes the new session's controlling terminal.
+            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),
+        )
+        os.close(self.terminal)
+        self._copier.start()
+        return process
+
+    def _copy(self) -> None:
+        with open(self.log_path, "ab") as log:
+            while self._open.is_set():
+                if not select.select([self.master], [], [], 0.1)[0]:
+                    continue
+                try:
+                    data = os.read(self.master, 65536)
+                except OSError:  # EIO: nothing holds the terminal's other side any more
+                    return
+                log.write(data)
+                log.flush()
+
+    def close(self) -> None:
+        if self._open.is_set():
+            self._open.clear()
+            self._copier.join(5)
+            os.close(self.master)
+
+
+def test_closing_its_terminal_window_stops_everything(state_dir, marker_before, tmp_path):
+    """`make run` in a terminal window that is then closed: SIGHUP, then every write to the
+    terminal fails (EIO). Everything stops all the same."""
+    env = isolated_env(state_dir, free_port())
+    supervisor = Supervisor(tmp_path, env, "terminal")
+    window = TerminalWindow(supervisor.log_path)
+    try:
+        # `; exit $?`: bash forks `make run` rather than becoming it, as a terminal's shell does.
+        supervisor.process = window.run("make run; exit $?", env)
+        supervisor.wait_until_healthy()
+        assert_ready_on_embedded_servers(supervisor)
+        run_py = supervisor_pid(supervisor)
+
+        window.close()
+        wait_for_exit(supervisor, run_py)
+
+        assert_nothing_left(supervisor, marker_before)
+    finally:
+        window.close()
+        supervisor.kill_everything()
+
+
+def test_what_a_run_that_died_left_running_is_stopped_before_the_next_starts(
+    state_dir, launch, marker_before
+):
+    """A supervisor killed with SIGKILL stops nothing: its web server, worker and embedded
+    servers run on. The next `make run`, on the same port or (as an older refusal advised)
+    another one, finds them by the records it keeps, says so, and stops them, then starts:
+    one stack on one database."""
+    env = isolated_env(state_dir, free_port())
+    previous = launch(env, name="run-0")
+    for attempt, port in enumerate((previous.port, free_port()), start=1):
+        [web_server] = [
+            pid
+            for pid in session_pids(previous, "gunicorn")
+            if parent_pid(pid) == previous.process.pid
+        ]
+        [worker] = session_pids(previous, "flask --app app worker")
+        os.kill(previous.process.pid, signal.SIGKILL)
+        previous.process.wait()
+        assert http("GET", f"{previous.base}/healthz")[0] == 200  # left running
+
+        supervisor = launch({**env, "PORT": str(port)}, name=f"run-{attempt}")
+        # On the same port the leftover answered /healthz at once: wait for this run's own.
+        wait_for_output(supervisor, "Ctrl-C stops everything")
+        supervisor.wait_until_healthy()
+
+        said = (
+            f"run.py: the `make run` of this checkout that ran as pid {previous.process.pid} "
+            f"ended without stopping its web server (gunicorn, pid {web_server}) and webhook "
+            f"worker (rq, pid {worker}) ({previous.state_dir / 'run.pids'} records them); "
+            "stopping them before starting again."
+        )
+        assert said in supervisor.output
+        assert previous.session_members() == [], supervisor.output
+        postmasters = [
+            pid
+            for pid, (_, _, cmdline) in process_table().items()
+            if str(supervisor.postgres_dir) in cmdline
+        ]
+        assert postmasters == [supervisor.postgres_pid], postmasters
+        assert http("GET", f"{supervisor.base}/readyz")[0] == 200
+        previous = supervisor
+    assert_stopped_cleanly(previous, marker_before)

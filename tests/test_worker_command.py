@@ -3,27 +3,16 @@
 from __future__ import annotations
 
 import subprocess
-import sys
-from pathlib import Path
 
 from rq import Queue
 from rq.job import JobStatus
 
+from tests.command_line import run_flask
 from workers.connection import QUEUES, redis_connection
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def run_burst_worker(environ: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "flask", "--app", "app", "worker", "--burst"],
-        env={**environ, "PATH": "/usr/bin:/bin"},
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return run_flask(environ, "worker", "--burst")
 
 
 def test_burst_worker_runs_queued_jobs_and_exits(app, app_environ):

@@ -1,6 +1,8 @@
-"""`flask --app app worker [--burst]`: the process's delivery loop (services/delivery/loop.py),
-which needs only PostgreSQL, beside an RQ worker for the work that is a job (the retention
-purge, workers/retention.py) and the maintenance its tick runs (workers/maintenance.py).
+"""What `flask --app app worker [--burst]` runs (the command itself: commands/worker.py, which
+imports this module only when it runs, so that other commands start without RQ and aiohttp):
+the process's delivery loop (services/delivery/loop.py), which needs only PostgreSQL, beside an
+RQ worker for the work that is a job (the retention purge, workers/retention.py) and the
+maintenance its tick runs (workers/maintenance.py).
 
 Redis down stops only RQ's part: the worker tries it again every few seconds while deliveries
 go on, and SIGTERM or Ctrl-C stops either way: the attempts in flight finish and are recorded.
@@ -18,7 +20,6 @@ import time
 import click
 import redis
 from flask import Flask, current_app
-from flask.cli import with_appcontext
 from rq import SimpleWorker
 
 from extensions import db
@@ -76,14 +77,9 @@ class DeliveryWorker(SimpleWorker):
         super().request_stop(signum, frame)
 
 
-@click.command("worker")
-@click.option("--burst", is_flag=True, help="Deliver what is due and run queued jobs, then exit.")
-@with_appcontext
-def worker_command(burst: bool) -> None:
-    """Run a webhook delivery worker.
-
-    Its delivery loop reads what is due from the database; an RQ worker beside it runs the
-    service's jobs (the retention purge) and its maintenance."""
+def run_worker(burst: bool) -> None:
+    """Run the app's delivery loop and RQ worker until stopped (with `burst`, until nothing is
+    due or queued), in the app context the command opened."""
     app = current_app._get_current_object()  # type: ignore[attr-defined]  # a LocalProxy
     connection = redis_connection(app)
     if connection is None:

@@ -34,8 +34,10 @@ EVENTS = "Events"
     "`wait`, an empty answer is held open until an event is published (a long-poll): loop on "
     "it to follow the brand live; a key may hold only a few waits at once (see the 429 "
     "answer). With `subject` (`deal:deal_…`), only that record's events, in their `sequence` "
-    "order (its history, or a follower of one deal); `after` is then one of its events. Only "
-    "events still kept (`WEBHOOK_RETENTION_DAYS`) are listed.",
+    "order (its history, or a follower of one deal); `after` is then one of its events. "
+    "`sortOrder=desc` reads the same order backwards, newest first, for history. Only "
+    "events still kept (`WEBHOOK_RETENTION_DAYS`) are listed. It pages by cursor only (no "
+    "`page`): page numbers would shift under a reader as events are published.",
     query=EventFeedQuerySchema,
     response=EventListSchema,
     meta=EventFeedMetaSchema,

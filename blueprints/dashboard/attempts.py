@@ -1,5 +1,5 @@
 """One attempt as the delivery page shows it (CONTRACT 12.5): where its time went, as a bar and
-as text, and the curl command that makes it again.
+as text, and the curl command that makes it again, with when its signature goes stale.
 
 The bar's segments are sized by classes (`w-tens-3 w-units-7` is 37%, static/dashboard.css):
 the CSP allows no style attribute, and the page reads the same without JavaScript. The figures
@@ -10,10 +10,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
+from models.columns import utcnow
+from schemas.base import iso_timestamp
 from services.attempt_replay import curl_command, sent_to_url
 
 _REUSED = "a kept-alive connection was reused"
+# How old a timestamp receivers take (SPEC 6, rule 4: "about five minutes"; the Standard Webhooks
+# libraries and scripts/webhook_receiver.py: 300 s). A copied command is refused after that.
+RECEIVER_TOLERANCE = timedelta(minutes=5)
 
 
 @dataclass(frozen=True)
@@ -30,16 +36,29 @@ class Segment:
 
 
 @dataclass(frozen=True)
+class Staleness:
+    """When the attempt's signatures were made (its timestamp header) and when a receiver that
+    checks timestamps stops taking them, as ISO 8601; whether that is past already."""
+
+    signed_at: str
+    expires_at: str
+    expired: bool
+
+
+@dataclass(frozen=True)
 class AttemptRecord:
     timing: list[Segment]
     curl: str | None
     # The endpoint's URL now names another host than the attempt's `Host` did.
     url_moved: bool = False
+    # The command carries the attempt's own timestamp and signatures (None: none recorded).
+    staleness: Staleness | None = None
 
 
 def attempt_records(detail: dict, endpoint: dict | None, body: str) -> dict[int, AttemptRecord]:
     """Each attempt of a fetchWebhookDelivery dump by its number. `endpoint` is the endpoint's
     dump (None once deleted: its URL is gone, so no curl command); `body` the event's raw body."""
+    now = utcnow()
     records = {}
     for attempt in detail["attempts"]:
         curl = None
@@ -52,8 +71,24 @@ def attempt_records(detail: dict, endpoint: dict | None, body: str) -> dict[int,
                 body=body,
             )
             moved = not sent_to_url(endpoint["url"], attempt["requestHeaders"])
-        records[attempt["attemptNumber"]] = AttemptRecord(timing_segments(attempt), curl, moved)
+        records[attempt["attemptNumber"]] = AttemptRecord(
+            timing_segments(attempt), curl, moved, staleness(attempt["requestHeaders"], now)
+        )
     return records
+
+
+def staleness(request_headers: dict[str, str], now: datetime) -> Staleness | None:
+    """When the signatures sent with these headers go stale: their `X-Service-Timestamp` (the
+    same second as `webhook-timestamp`) plus RECEIVER_TOLERANCE. None without a timestamp."""
+    sent = next(
+        (value for name, value in request_headers.items() if name.lower() == "x-service-timestamp"),
+        "",
+    )
+    if not sent.isdigit():
+        return None
+    signed_at = datetime.fromtimestamp(int(sent), UTC)
+    expires_at = signed_at + RECEIVER_TOLERANCE
+    return Staleness(iso_timestamp(signed_at), iso_timestamp(expires_at), now >= expires_at)
 
 
 def timing_segments(attempt: dict) -> list[Segment]:

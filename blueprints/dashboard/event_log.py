@@ -109,6 +109,8 @@ def event(event_id: str):
     endpoints = {e["id"]: e for e in _endpoints.dump(list_endpoints(brand_id))}
     # Its deliveries as the delivery log shows them (retrying, next retry; pending rows refresh).
     deliveries = list_deliveries(brand_id=brand_id, page=1, limit=MAX_LIMIT, event_id=event_id)
+    shown = _deliveries.dump(deliveries.items)
+    active = [e for e in endpoints.values() if e["isActive"]]
     return render(
         "dashboard/event.html",
         event={
@@ -120,12 +122,23 @@ def event(event_id: str):
         },
         subject=_subject_neighbours(brand_id, detail),
         body=json.dumps(json.loads(detail.body), indent=2, ensure_ascii=False),
-        deliveries=_deliveries.dump(deliveries.items),
+        deliveries=shown,
         more_deliveries=deliveries.has_next,
         endpoints=endpoints,
-        active_endpoints=[e for e in endpoints.values() if e["isActive"]],
+        active_endpoints=active,
+        received_by={delivery["endpointId"] for delivery in shown},
+        resend_choice=_resend_choice(active, shown),
         **poll_context(0),
     )
+
+
+def _resend_choice(active: list[dict], deliveries: list[dict]) -> str | None:
+    """The endpoint "Resend to endpoint…" starts with: the one active endpoint that got the
+    event, when exactly one did (sending it again there is the usual wish); else none, so that
+    the event never goes by default to an endpoint that does not subscribe to it."""
+    received = {delivery["endpointId"] for delivery in deliveries}
+    candidates = [endpoint["id"] for endpoint in active if endpoint["id"] in received]
+    return candidates[0] if len(candidates) == 1 else None
 
 
 def _subject_neighbours(brand_id: str, detail) -> dict:

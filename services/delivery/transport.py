@@ -165,7 +165,7 @@ class Transport:
             timeout=aiohttp.ClientTimeout(total=None),
             trace_configs=[tracing],
             raise_for_status=False,
-            # The body is inflated by workers/answers.py, only as far as what is kept.
+            # The body is inflated by answers.py, only as far as what is kept.
             auto_decompress=False,
             max_headers=MAX_RESPONSE_HEADERS,
         )
