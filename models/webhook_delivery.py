@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import JSON, ForeignKey, Index, Integer, String, Text, and_, select, text
+from sqlalchemy import JSON, ForeignKey, Index, Integer, String, Text, and_, exists, select, text
 from sqlalchemy.ext.hybrid import hybrid_property
 from sqlalchemy.orm import Mapped, column_property, mapped_column
 
@@ -116,6 +116,23 @@ class WebhookDelivery(Model):
     @classmethod
     def _is_retrying_expression(cls):
         return and_(cls.status == PENDING, cls.attempt_count > 0)
+
+    @hybrid_property
+    def is_held(self) -> bool:
+        """Pending and not attempted while an earlier delivery of its subject to its endpoint
+        is pending (CONTRACT 13.1: `heldBehind` names that one). Also usable in queries, where
+        the queue is read only for pending rows."""
+        return self.status == PENDING and self.held_behind is not None
+
+    @is_held.inplace.expression
+    @classmethod
+    def _is_held_expression(cls):
+        return and_(
+            cls.status == PENDING,
+            exists().where(
+                QueuedDelivery.delivery_id == cls.id, QueuedDelivery.held_behind.is_not(None)
+            ),
+        )
 
     def __repr__(self) -> str:
         return f"<WebhookDelivery {self.id} {self.event_name} {self.status}>"

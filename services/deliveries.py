@@ -32,26 +32,35 @@ from services.retention import retention_period
 # How far back recover reaches (CONTRACT 8.3).
 RECOVER_WINDOW = timedelta(days=14)
 
-# A delivery's state in the dashboard's words: its status, with `pending` told apart by whether
-# an attempt failed already. The API keeps SPEC's three statuses and its `retrying` flag.
-WAITING, RETRYING = "waiting", "retrying"
-DELIVERY_STATES = (WAITING, RETRYING, DELIVERED, FAILED)
+# A delivery's state in the dashboard's words: its status, with `pending` told apart by why it
+# waits: for its first attempt, behind an earlier delivery of its subject, or for a retry. The
+# API keeps SPEC's three statuses, its `retrying` flag and `heldBehind`.
+WAITING, HELD, RETRYING = "waiting", "held", "retrying"
+DELIVERY_STATES = (WAITING, HELD, RETRYING, DELIVERED, FAILED)
 
 
-def delivery_state(status: str, retrying: bool) -> str:
-    """`waiting` (pending, no attempt yet), `retrying` (pending after a failed attempt:
+def delivery_state(status: str, retrying: bool, held: bool = False) -> str:
+    """`waiting` (pending, no attempt yet), `held` (pending behind an earlier delivery of its
+    subject: `WebhookDelivery.is_held`), `retrying` (pending after a failed attempt:
     `WebhookDelivery.is_retrying`), `delivered` or `failed`."""
     if status != PENDING:
         return status
+    if held:
+        return HELD
     return RETRYING if retrying else WAITING
 
 
-def count_states(rows: Iterable[tuple[str, bool, int]]) -> dict[str, int]:
-    """Counts by (status, is_retrying), as a query grouped by both gives them, by state: every
-    state, in DELIVERY_STATES' order."""
+def state_columns() -> tuple:
+    """What `count_states` reads, to select and group by: status, retrying, held."""
+    return WebhookDelivery.status, WebhookDelivery.is_retrying, WebhookDelivery.is_held
+
+
+def count_states(rows: Iterable[tuple[str, bool, bool, int]]) -> dict[str, int]:
+    """Counts by (status, is_retrying, is_held), as a query grouped by `state_columns` gives
+    them, by state: every state, in DELIVERY_STATES' order."""
     counts = dict.fromkeys(DELIVERY_STATES, 0)
-    for status, retrying, count in rows:
-        counts[delivery_state(status, retrying)] += count
+    for status, retrying, held, count in rows:
+        counts[delivery_state(status, retrying, held)] += count
     return counts
 
 
@@ -250,14 +259,16 @@ def _after(cursor: _Cursor, sort_order: str):
 @dataclass(frozen=True)
 class DeliveryHealth:
     """What the brand's webhooks are doing: the deliveries created since a moment that were
-    delivered or failed for good, the ones pending now (retrying after a failed attempt, or
-    waiting for their first), and the attempts since that moment that failed."""
+    delivered or failed for good, the ones pending now (retrying after a failed attempt, held
+    behind an earlier delivery of their subject, or waiting for their first), and the attempts
+    since that moment that failed."""
 
     delivered: int
     failed: int
     retrying: int
     waiting: int
     failed_attempts: int
+    held: int = 0
 
 
 def delivery_health(brand_id: str, *, since: datetime) -> DeliveryHealth:
@@ -273,11 +284,13 @@ def delivery_health(brand_id: str, *, since: datetime) -> DeliveryHealth:
             .group_by(WebhookDelivery.status)
         ).all()
     )
-    pending, retrying = db.session.execute(
-        select(func.count(), func.count().filter(WebhookDelivery.is_retrying)).where(
-            WebhookDelivery.id.in_(_pending_work(brand_id)), WebhookDelivery.status == PENDING
-        )
-    ).one()
+    states = state_columns()  # one set of expressions: GROUP BY must match SELECT's
+    pending_rows = db.session.execute(
+        select(*states, func.count())
+        .where(WebhookDelivery.id.in_(_pending_work(brand_id)), WebhookDelivery.status == PENDING)
+        .group_by(*states)
+    ).all()
+    pending = count_states(pending_rows)
     failed_attempts = db.session.execute(
         select(func.count())
         .select_from(WebhookAttempt)
@@ -294,8 +307,9 @@ def delivery_health(brand_id: str, *, since: datetime) -> DeliveryHealth:
     return DeliveryHealth(
         delivered=settled.get(DELIVERED, 0),
         failed=settled.get(FAILED, 0),
-        retrying=retrying,
-        waiting=pending - retrying,
+        retrying=pending[RETRYING],
+        waiting=pending[WAITING],
+        held=pending[HELD],
         failed_attempts=failed_attempts,
     )
 

@@ -21,7 +21,7 @@ from sqlalchemy import case, func, null, select
 from extensions import db
 from models import EndpointHour, WebhookAttempt, WebhookDelivery
 from models.webhook_delivery import DELIVERED, FAILED, PENDING
-from services.deliveries import count_states
+from services.deliveries import count_states, state_columns
 from services.webhook_endpoints import get_endpoint
 
 WINDOW = timedelta(hours=24)
@@ -88,18 +88,18 @@ def endpoint_stats(*, brand_id: str, endpoint_id: str, now: datetime) -> Endpoin
     :raise NotFound: no such endpoint in this brand (disabled ones have figures too)."""
     endpoint = get_endpoint(brand_id, endpoint_id)
     start = now - WINDOW
-    retrying = WebhookDelivery.is_retrying
+    states = state_columns()  # one set of expressions: GROUP BY must match SELECT's
     counted = db.session.execute(
-        select(WebhookDelivery.status, retrying, func.count())
+        select(*states, func.count())
         .where(
             WebhookDelivery.endpoint_id == endpoint.id,
             WebhookDelivery.created_at >= start,
             WebhookDelivery.created_at <= now,
         )
-        .group_by(WebhookDelivery.status, retrying)
+        .group_by(*states)
     ).all()
     by_status = dict.fromkeys((PENDING, DELIVERED, FAILED), 0)
-    for status, _, count in counted:
+    for status, _, _, count in counted:
         by_status[status] += count
     return EndpointStats(
         endpoint_id=endpoint.id,

@@ -76,7 +76,7 @@ from models.event_subjects import subject_key
 from models.paging import ASCENDING, DESCENDING
 from schemas.event_feed import FEED_DEFAULT_LIMIT
 from services import work_slots
-from services.deliveries import count_states
+from services.deliveries import count_states, state_columns
 from services.errors import NotFound, ValidationFailed
 from services.event_waits import wait_for_brand
 from services.pagination import Page, paginate
@@ -610,8 +610,8 @@ class ListedEvent:
     id: str
     type: str
     created_at: datetime
-    # Its deliveries by state (services.deliveries.DELIVERY_STATES: `waiting`, `retrying`,
-    # `delivered`, `failed`), redeliveries included.
+    # Its deliveries by state (services.deliveries.DELIVERY_STATES: `waiting`, `held`,
+    # `retrying`, `delivered`, `failed`), redeliveries included.
     deliveries: dict[str, int]
 
 
@@ -642,15 +642,15 @@ def list_events(
     )
     listed = paginate(page_statement, page=page, limit=limit, count=counted)
     ids = [event.id for event in listed.items]
-    rows: dict[str, list[tuple[str, bool, int]]] = {event_id: [] for event_id in ids}
+    rows: dict[str, list[tuple[str, bool, bool, int]]] = {event_id: [] for event_id in ids}
     if ids:
-        retrying = WebhookDelivery.is_retrying
-        for event_id, status, is_retrying, count in db.session.execute(
-            select(WebhookDelivery.event_id, WebhookDelivery.status, retrying, func.count())
+        states = state_columns()  # one set of expressions: GROUP BY must match SELECT's
+        for event_id, status, is_retrying, is_held, count in db.session.execute(
+            select(WebhookDelivery.event_id, *states, func.count())
             .where(WebhookDelivery.event_id.in_(ids))
-            .group_by(WebhookDelivery.event_id, WebhookDelivery.status, retrying)
+            .group_by(WebhookDelivery.event_id, *states)
         ):
-            rows[event_id].append((status, is_retrying, count))
+            rows[event_id].append((status, is_retrying, is_held, count))
     items = [
         ListedEvent(
             id=event.id,

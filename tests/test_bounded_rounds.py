@@ -511,8 +511,8 @@ def test_a_subject_held_behind_a_disabled_then_re_enabled_endpoints_lost_attempt
     doomed = start_worker(WEBHOOK_TIMEOUT="5")
     [(_, [first])] = publish(app, brand, ("deal.completed", {"id": "deal_y", "n": 0}))
     receiver.wait_for(1, timeout=20)
-    api.call("PATCH", f"webhook/{endpoint['id']}/update-endpoint", {"isActive": False})
-    api.call("PATCH", f"webhook/{endpoint['id']}/update-endpoint", {"isActive": True})
+    for active in (False, True):
+        api.call("PATCH", f"webhook/{endpoint['id']}/update-endpoint", json={"isActive": active})
     [(_, [second])] = publish(app, brand, ("deal.completed", {"id": "deal_y", "n": 1}))
     doomed.kill()
     gate.set()
@@ -528,7 +528,7 @@ def test_a_subject_held_behind_a_disabled_then_re_enabled_endpoints_lost_attempt
 def test_retry_pending_over_a_large_queue_answers_at_once_and_a_job_does_the_rest(app, api, client):
     endpoint = api.register("http://127.0.0.1:9/hooks")
     seed_backlog(app, endpoint["id"], BACKLOG, waiting_for_a_retry=True)
-    answer = api.call("POST", f"webhook/{endpoint['id']}/retry-pending", status=202)
+    answer = api.call("POST", f"webhook/{endpoint['id']}/retry-pending", 202)
     assert answer["due"] == BACKLOG
     # The request brought its first batch forward; the rest is the job's, in the workers.
     left = queued(app, endpoint["id"], waiting_for_a_retry=True)

@@ -338,10 +338,10 @@ def test_an_endpoint_is_ordered_filtered_and_its_waiting_retries_sent_now(
     sign_in_with_key(page, write_key)
     page.goto(f"/dashboard/endpoints/{endpoint_id}")
 
-    retry = page.get_by_role("button", name="Retry the 1 waiting delivery now")
+    retry = page.get_by_role("button", name="Retry the 1 retrying delivery now")
     expect(retry).to_be_visible()
     retry.click()
-    expect(page.get_by_text("1 waiting delivery is due now")).to_be_visible()
+    expect(page.get_by_text("1 retrying delivery is due now")).to_be_visible()
     expect(page.get_by_role("button", name=re.compile(r"^Retry the"))).to_have_count(0)
     with app.app_context():
         due = db.session.get(QueuedDelivery, delivery_id).next_attempt_at

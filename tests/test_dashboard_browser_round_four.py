@@ -25,6 +25,8 @@ from extensions import db
 from models import WebhookAttempt
 from models.columns import utcnow
 from models.event_catalog import EVENT_NAMES
+from services.delivery.outcomes import AttemptOutcome, RetryPolicy
+from services.delivery.queue import claim_attempts, record_attempts
 from services.endpoint_urls import UrlPolicy
 from services.events import publish_event
 from services.webhook_endpoints import register_endpoint
@@ -292,3 +294,53 @@ def test_the_event_catalogue_folds_its_sample_bodies(app, open_page, brand, read
     # A link to one event's entry opens its body.
     page.goto("/dashboard/event-types#escrow.released")
     expect(page.locator("article[id='escrow.released'] pre")).to_be_visible()
+
+
+# --- held is not waiting (CONTRACT 13.1) ---------------------------------------------------------
+
+
+@JAVASCRIPT
+def test_a_held_delivery_is_called_held_and_links_the_one_it_waits_behind(
+    app, open_page, brand, write_key, javascript
+):
+    """An ordered endpoint's second event of a deal waits behind the first, which failed and
+    waits for its retry: the endpoint page counts one held and one retrying (never "2
+    waiting"), its button retries the one retrying delivery, and the held delivery's page says
+    held and links the delivery it waits behind."""
+    endpoint_id = endpoint(
+        app, brand, events=("deal.accepted", "deal.completed"), ordering="subject"
+    )
+    _, [first] = published(app, brand, "deal.accepted")
+    _, [second] = published(app, brand, "deal.completed")
+    with app.app_context():
+        [attempt] = claim_attempts(
+            slots=10, endpoint_limit=2, token="0000aaaa", lease=timedelta(seconds=30)
+        ).attempts
+        db.session.commit()
+        assert attempt.delivery_id == first
+        failed = AttemptOutcome(
+            requested_at=utcnow(),
+            duration_ms=3,
+            request_headers={},
+            http_status=500,
+            error="HTTP 500",
+        )
+        record_attempts(
+            [(attempt, failed)], policy=RetryPolicy.from_settings(app.extensions["settings"])
+        )
+        db.session.remove()
+    page = open_page(javascript=javascript)
+    sign_in_with_key(page, write_key)
+    page.goto(f"/dashboard/endpoints/{endpoint_id}")
+    expect(page.get_by_text("0 waiting · 1 held · 1 retrying")).to_be_visible()
+    expect(page.get_by_role("button", name="Retry the 1 retrying delivery now")).to_be_visible()
+
+    page.goto(f"/dashboard/deliveries/{second}")
+    status = page.locator("#delivery-status")
+    expect(status.locator(".status-held")).to_have_text("held")
+    expect(status.get_by_text("0 waiting")).to_have_count(0)
+    link = status.get_by_role("link", name=first)
+    expect(link).to_be_visible()
+    link.click()
+    expect(page).to_have_url(re.compile(f"/dashboard/deliveries/{first}$"))
+    expect(page.locator("#delivery-status .status-retrying")).to_have_text("retrying")

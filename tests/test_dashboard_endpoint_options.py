@@ -1,5 +1,5 @@
 """The dashboard's endpoint forms with ordering and a campaign filter (CONTRACT 12.2, 12.3), and
-the endpoint page's "Retry the N waiting deliveries now" (12.4), server-rendered."""
+the endpoint page's "Retry the N retrying deliveries now" (12.4), server-rendered."""
 
 from __future__ import annotations
 
@@ -167,7 +167,7 @@ def _due(app, delivery_ids: list[str]) -> list[bool]:
         return [row.next_attempt_at <= utcnow() for row in rows]
 
 
-BUTTON = re.compile(r"Retry the (\d+) waiting deliver(?:y|ies) now")
+BUTTON = re.compile(r"Retry the (\d+) retrying deliver(?:y|ies) now")
 
 
 def test_retry_the_waiting_deliveries_from_the_endpoint_page(
@@ -198,7 +198,7 @@ def test_retry_the_waiting_deliveries_from_the_endpoint_page(
     response = client.post(f"/dashboard/endpoints/{endpoint_id}/retry-pending", headers=htmx(token))
     assert response.status_code == 202
     fragment = _text(response)
-    assert "3 waiting deliveries are due now" in fragment
+    assert "3 retrying deliveries are due now" in fragment
     assert not BUTTON.search(fragment)  # nothing waits any more
     assert 'id="endpoint-deliveries" hx-swap-oob="true"' in fragment
     assert _due(app, waiting) == [True] * 3
@@ -216,7 +216,7 @@ def test_retry_without_javascript_answers_with_the_endpoint_page(app, client, br
     assert response.status_code == 303
     assert response.headers["Location"].endswith(f"/dashboard/endpoints/{endpoint_id}")
     page = _text(client.get(response.headers["Location"]))
-    assert "1 waiting delivery is due now" in page
+    assert "1 retrying delivery is due now" in page
     assert _due(app, waiting) == [True]
 
 

@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 
 import pytest
 
+from extensions import db
 from models.event_catalog import EVENT_NAMES
+from services.delivery.queue import claim_attempts
 from services.platform_changes import tracked_links
 from services.platform_changes.campaigns import cancel_campaign, complete_campaign
 from services.platform_changes.deals import complete_deal, dispute_deal, resolve_dispute
@@ -391,3 +394,31 @@ def test_the_deliveries_log_shows_the_subjects_events_in_their_sequence(app, api
     assert [p["sequence"] for p in payloads] == [1, 2]
     assert endpoint["ordering"] == "none"
     assert json.dumps(payloads[0])  # plain JSON, as sent
+
+
+def test_a_held_delivery_says_what_it_waits_behind_and_nothing_else_does(app, api, brand):
+    """CONTRACT 13.1: a delivery an ordered endpoint holds carries `heldBehind`, the pending
+    delivery of its subject it waits for; every other delivery carries null. Its status stays
+    `pending`, its attempt count 0 and its next retry null: only `heldBehind` tells it apart
+    from one waiting for its first attempt."""
+    api.register(HOOK_URL, ["deal.accepted", "deal.completed"], ordering="subject")
+    [(_, [first]), (_, [second])] = publish(
+        app, brand, ("deal.accepted", {"id": "deal_h"}), ("deal.completed", {"id": "deal_h"})
+    )
+    [(_, [other])] = publish(app, brand, ("deal.accepted", {"id": "deal_other"}))
+    with app.app_context():
+        claimed = claim_attempts(
+            slots=10, endpoint_limit=5, token="0000aaaa", lease=timedelta(seconds=30)
+        )
+        db.session.commit()
+    assert {a.delivery_id for a in claimed.attempts} == {first, other}
+    held = api.delivery(second)
+    assert held["heldBehind"] == first
+    assert (held["status"], held["attemptCount"], held["nextRetryAt"]) == ("pending", 0, None)
+    assert api.delivery(first)["heldBehind"] is None
+    deliveries, _ = api.deliveries()
+    assert {d["id"]: d["heldBehind"] for d in deliveries} == {
+        first: None,
+        second: first,
+        other: None,
+    }

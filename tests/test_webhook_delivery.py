@@ -95,8 +95,11 @@ class Api:
         )
         return assert_success(response, status)
 
-    def register(self, url: str, events: list[str] | None = None) -> dict:
-        body = {"url": url} if events is None else {"url": url, "events": events}
+    def register(self, url: str, events: list[str] | None = None, **options) -> dict:
+        """An endpoint; `options` are more fields of the request (`ordering="subject"`)."""
+        body = (
+            {"url": url, **options} if events is None else {"url": url, "events": events, **options}
+        )
         return self.call("POST", "webhook/register-endpoint", 201, json=body)
 
     def send_test(self, endpoint_id: str) -> str:

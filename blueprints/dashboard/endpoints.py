@@ -544,8 +544,8 @@ def retry_endpoint_pending(endpoint_id: str):
 def _retried_words(due: int) -> str:
     if not due:
         return "Nothing was waiting for a retry: every pending delivery is due or on its way."
-    noun = "delivery is" if due == 1 else "deliveries are"
-    return f"{due} waiting {noun} due now: watch them under “Recent deliveries”."
+    noun = "retrying delivery is" if due == 1 else "retrying deliveries are"
+    return f"{due} {noun} due now: watch them under “Recent deliveries”."
 
 
 def _int(value: str | None) -> int | None:

@@ -97,4 +97,6 @@ def brief_url(url: str | None, limit: int = BRIEF_URL_LENGTH) -> str:
 def delivery_state_of(delivery: Mapping) -> str:
     """A delivery as the API dumps it, in the dashboard's words: waiting, retrying, delivered
     or failed."""
-    return delivery_state(delivery["status"], delivery["retrying"])
+    return delivery_state(
+        delivery["status"], delivery["retrying"], delivery.get("heldBehind") is not None
+    )
