@@ -35,7 +35,7 @@ EMBEDDED_DATABASE_URL_FILE = "database-url"
 EMBEDDED_REDIS_URL_FILE = "redis-url"
 
 
-FAILPOINT_ACTIONS = ("exit", "sleep", "raise")
+FAILPOINT_ACTIONS = ("exit", "sleep", "sleep-once", "raise")
 LOG_FORMATS = ("text", "json")
 _RATE = re.compile(r"([1-9][0-9]{0,8})\s*/\s*(second|minute|hour)")
 
@@ -180,9 +180,12 @@ def parse_failpoints(raw: str) -> Mapping[str, str]:
     for item in filter(None, (part.strip() for part in raw.split(","))):
         name, _, action = item.partition("=")
         kind, _, argument = action.partition(":")
-        if not name or kind not in FAILPOINT_ACTIONS or (kind == "sleep") != bool(argument):
-            raise ValueError(f"FAILPOINTS entry {item!r} is not name=exit|raise|sleep:SECONDS")
-        if kind == "sleep":
+        sleeps = kind.startswith("sleep")
+        if not name or kind not in FAILPOINT_ACTIONS or sleeps != bool(argument):
+            raise ValueError(
+                f"FAILPOINTS entry {item!r} is not name=exit|raise|sleep:SECONDS|sleep-once:SECONDS"
+            )
+        if sleeps:
             float(argument)
         points[name.strip()] = action
     return points

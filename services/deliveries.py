@@ -4,9 +4,10 @@ section 4, CONTRACT 4), and ending an endpoint's pending deliveries."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from flask import current_app
 from sqlalchemy import func, literal, not_, select, text, tuple_, union_all
@@ -55,7 +56,7 @@ def state_columns() -> tuple:
     return WebhookDelivery.status, WebhookDelivery.is_retrying, WebhookDelivery.is_held
 
 
-def count_states(rows: Iterable[tuple[str, bool, bool, int]]) -> dict[str, int]:
+def count_states(rows: Iterable[Sequence[Any]]) -> dict[str, int]:
     """Counts by (status, is_retrying, is_held), as a query grouped by `state_columns` gives
     them, by state: every state, in DELIVERY_STATES' order."""
     counts = dict.fromkeys(DELIVERY_STATES, 0)

@@ -99,8 +99,8 @@ def endpoint_stats(*, brand_id: str, endpoint_id: str, now: datetime) -> Endpoin
         .group_by(*states)
     ).all()
     by_status = dict.fromkeys((PENDING, DELIVERED, FAILED), 0)
-    for status, _, _, count in counted:
-        by_status[status] += count
+    for row in counted:  # (status, retrying, held, count)
+        by_status[row[0]] += row[-1]
     return EndpointStats(
         endpoint_id=endpoint.id,
         window_start=start,

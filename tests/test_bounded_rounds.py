@@ -244,16 +244,16 @@ def test_a_session_holding_an_endpoint_row_holds_back_no_record(
 def test_a_worker_stalled_after_its_claim_never_sends_beside_the_one_that_took_over(
     app, api, brand, receivers, start_worker
 ):
-    """Worker A stalls 10 s after each claim (the failpoint), past its leases' start window:
-    it must not send them late, while worker B, which took them when they lapsed, has them on
-    the wire. Overlaps are counted at the receiver, from each request's arrival to its answer
-    or the sender's hang-up."""
+    """Worker A stalls 10 s after its first claim (the failpoint: a process frozen for a
+    while), past its leases' start window: it must not send them late, while worker B, which
+    took them when they lapsed, has them on the wire. Overlaps are counted at the receiver, from
+    each request's arrival to its answer or the sender's hang-up."""
     receiver = receivers(Reply(delay=2.5))
     api.register(receiver.url)
     delivery_ids = [
         ids[0] for _, ids in publish(app, brand, *(("deal.completed", {"n": n}) for n in range(6)))
     ]
-    stalled = start_worker(WEBHOOK_TIMEOUT="3", FAILPOINTS="delivery.after_claim=sleep:10")
+    stalled = start_worker(WEBHOOK_TIMEOUT="3", FAILPOINTS="delivery.after_claim=sleep-once:10")
     poll(
         lambda: leased(app, delivery_ids),
         lambda held: bool(held),
@@ -262,8 +262,11 @@ def test_a_worker_stalled_after_its_claim_never_sends_beside_the_one_that_took_o
         worker=stalled,
     )
     taking_over = start_worker(WEBHOOK_TIMEOUT="3")
-    for delivery_id in delivery_ids:
-        api.wait_delivery(delivery_id, "delivered", timeout=60, worker=taking_over)
+    try:
+        for delivery_id in delivery_ids:
+            api.wait_delivery(delivery_id, "delivered", timeout=60)
+    except AssertionError as error:
+        raise AssertionError(f"{error}\n{logs(stalled, taking_over)}") from None
     time.sleep(1)  # anything A might still send, it sends now
     assert receiver.overlaps() == [], logs(stalled, taking_over)
     assert "not started" in stalled.output()

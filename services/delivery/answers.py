@@ -112,6 +112,11 @@ async def read_body_start(response: aiohttp.ClientResponse) -> tuple[str, bool]:
     closes the connection: unread bytes must not meet the next request). Reads for at most
     BODY_SECONDS and BODY_READ_MAX_BYTES raw bytes."""
     inflater = _Inflater(response.headers.get("Content-Encoding", ""))
+    content = response.content
+    if content.is_eof() and not inflater.active:
+        # The whole body came with the headers (most answers): no wait, no timer.
+        body = content.read_nowait(RESPONSE_BODY_MAX_BYTES)
+        return _as_text(body, response), not content.read_nowait(1)
     kept = bytearray()
     read = 0
     complete = False

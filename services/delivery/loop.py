@@ -45,7 +45,7 @@ from datetime import datetime
 
 from flask import Flask
 from sqlalchemy import Connection, text
-from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from extensions import db
@@ -60,22 +60,19 @@ from services.delivery.bulk import BulkRunner
 from services.delivery.health import EndpointNews, apply_news, news_of
 from services.delivery.outcomes import (
     DATABASE_RETRY_SECONDS,
-    LOCK_TIMEOUT_SECONDS,
     OWN_FAULT,
     ROUND_DEADLINE_SECONDS,
     START_WINDOW_SECONDS,
-    STATEMENT_TIMEOUT_SECONDS,
     Attempt,
     AttemptOutcome,
     Recorded,
     RetryPolicy,
     not_sent,
 )
-from services.delivery.queue import Claimed, claim_attempts, record_attempts
+from services.delivery.queue import Claimed, record_and_claim, record_attempts
 from services.delivery.transport import Transport
 from services.endpoint_urls import UrlPolicy
 from services.failpoints import failpoint
-from services.psycopg_direct import fetch_all_on_psycopg
 from services.secret_box import InvalidToken
 from services.wakeups import listener_for
 
@@ -83,6 +80,9 @@ log = logging.getLogger("brand_api.webhooks")
 
 # A claim walks at most this many endpoints per slot it could fill (and at least 64).
 WALK_PER_SLOT = 2
+# After an attempt ends, the next round waits up to this long for the others its claim started
+# (attempts started together mostly end together; a round for each would cost a round each).
+GATHER_SECONDS = 0.002
 # How often the loop writes its heartbeat (webhook_delivery_loops).
 HEARTBEAT_SECONDS = 1.0
 # The exit status of a worker whose loop died.
@@ -120,6 +120,7 @@ class DeliveryLoop:
         self.loop_id = f"{self.owner}-{os.getpid()}"
         self._decrypt = functools.lru_cache(maxsize=4096)(app.extensions["secret_box"].decrypt)
         self._running: dict[str, Attempt] = {}  # on the wire, by delivery id
+        self._cohort: set[str] = set()  # started by the last claim, still on the wire
         self._finished: list[tuple[Attempt, AttemptOutcome]] = []  # not recorded yet
         self._news: dict[str, EndpointNews] = {}  # health not written yet (rows were locked)
         self._cursor = ""  # where the next claim's walk begins
@@ -230,6 +231,7 @@ class DeliveryLoop:
                         why,
                         extra={"endpoint_id": endpoint_id},
                     )
+                self._cohort = {attempt.delivery_id for attempt in done.claimed.attempts}
                 for attempt in done.claimed.attempts:
                     self._start(attempt)
                 self._idle = not (self._running or self._finished or done.failed or done.due_left)
@@ -254,12 +256,14 @@ class DeliveryLoop:
             return await future
 
     def _round_on_database_thread(self, batch: list, slots: int, held: list[str]) -> Round:
-        """Record the batch, write the endpoints' health, claim up to `slots` (never one of
-        `held`: this worker's deliveries on the wire or waiting for their record): three
-        transactions, so that none waits for another's trouble. A round the database refuses
-        (an outage) writes what it can: what was not recorded is recorded next round."""
+        """Record the batch and claim up to `slots` (never one of `held`: this worker's
+        deliveries on the wire or waiting for their record) in one transaction, the record
+        under a savepoint, and between them write what the results say of their endpoints'
+        health (under a savepoint of its own: news a locked row or a failure keeps from being
+        written waits for the next round). A batch that cannot be written together is written
+        apart, after the claim. A round the database refuses (an outage) writes nothing: the
+        batch is recorded next round."""
         done = Round()
-        recorded_yet = not batch
         session = None
         try:
             session = self._session()
@@ -267,54 +271,52 @@ class DeliveryLoop:
                 # Tests kill or stall a worker here: the receiver has answered, nothing is
                 # recorded.
                 failpoint("delivery.before_record")
-                self._limits(session)
-                recorded = record_attempts(batch, policy=self.policy)
-                recorded_yet = True
-                done.recorded = [
-                    (attempt, outcome, result)
-                    for (attempt, outcome), result in zip(batch, recorded, strict=True)
-                ]
-                done.unrecorded = [
-                    pair for pair, result in zip(batch, recorded, strict=True) if result.carried
-                ]
-                for endpoint_id, item in news_of(batch, recorded).items():
-                    known = self._news.get(endpoint_id)
-                    self._news[endpoint_id] = known.merge(item) if known else item
-            if self._news:
-                self._limits(session)
-                applied = apply_news(self._news, policy=self.policy)
-                session.commit()
-                self._news = applied.carried
-                done.disabled = applied.disabled
             failpoint("delivery.before_claim")  # tests slow a round down here
+            claim = None
+            cycle_start = self._cursor if self._cycle_start is None else self._cycle_start
             if slots > 0:
-                self._limits(session)
-                cycle_start = self._cursor if self._cycle_start is None else self._cycle_start
-                claimed = claim_attempts(
-                    cursor=self._cursor,
-                    cycle_start=cycle_start,
-                    slots=slots,
-                    walk_max=max(64, WALK_PER_SLOT * slots),
-                    endpoint_limit=self.endpoint_limit,
-                    token=self.owner + secrets.token_hex(12),
-                    lease=self.policy.lease,
-                    held=held,
-                    start_by=time.monotonic() + START_WINDOW_SECONDS,
-                )
+                claim = {
+                    "cursor": self._cursor,
+                    "cycle_start": cycle_start,
+                    "slots": slots,
+                    "walk_max": max(64, WALK_PER_SLOT * slots),
+                    "endpoint_limit": self.endpoint_limit,
+                    "token": self.owner + secrets.token_hex(12),
+                    "lease": self.policy.lease,
+                    "held": held,
+                    "start_by": time.monotonic() + START_WINDOW_SECONDS,
+                }
+            if not batch and self._news:
+                self._write_health([], [], done)
+                session.commit()
+            recorded, claimed = record_and_claim(
+                batch,
+                policy=self.policy,
+                claim=claim,
+                between=lambda recorded: self._write_health(batch, recorded, done),
+            )
+            if recorded is None:
+                recorded = record_attempts(batch, policy=self.policy)
+                self._write_health(batch, recorded, done)
+                session.commit()
+            done.recorded = [
+                (attempt, outcome, result)
+                for (attempt, outcome), result in zip(batch, recorded, strict=True)
+            ]
+            done.unrecorded = [
+                pair for pair, result in zip(batch, recorded, strict=True) if result.carried
+            ]
+            if claimed is not None:
                 self._cursor = claimed.cursor
                 self._cycle_start = None if claimed.round_done else cycle_start
                 self._note_oldest_due(claimed)
-                self._heartbeat(session)
-                session.commit()
                 # Tests stall a worker here: leases taken, no attempt started.
                 failpoint("delivery.after_claim")
                 done.claimed = claimed
-            else:
-                self._heartbeat(session)
-                session.commit()
+            self._heartbeat(session)
             if self.burst and not self._running and not done.claimed.attempts:
                 done.due_left = bool(session.execute(_ANYTHING_DUE).scalar())
-                session.commit()
+            session.commit()
             if self._failing:
                 log.info("webhook delivery rounds work again")
                 self._failing = False
@@ -332,14 +334,28 @@ class DeliveryLoop:
                 )
             self._failing = True
             done.failed = True
-            if not recorded_yet:
+            if not done.recorded:
                 done.unrecorded = batch
         return done
 
-    def _limits(self, session: Session) -> None:
-        """The transaction's own limits, set at its start (a pooler may give the next
-        transaction another server connection: nothing is set for the session)."""
-        fetch_all_on_psycopg(session.connection(), _LIMITS, {})
+    def _write_health(self, batch: list, recorded: list[Recorded], done: Round) -> None:
+        """What the results say of their endpoints' health, with what earlier rounds could not
+        write, under a savepoint: whatever it cannot write now waits for the next round."""
+        for endpoint_id, item in news_of(batch, recorded).items():
+            known = self._news.get(endpoint_id)
+            self._news[endpoint_id] = known.merge(item) if known else item
+        if not self._news:
+            return
+        try:
+            with db.session.begin_nested():
+                applied = apply_news(self._news, policy=self.policy)
+        except (OperationalError, InterfaceError):
+            raise
+        except SQLAlchemyError:
+            log.warning("endpoint health not written this round; next round", exc_info=True)
+            return
+        self._news = applied.carried
+        done.disabled += applied.disabled
 
     def _note_oldest_due(self, claimed: Claimed) -> None:
         """The oldest due time this loop saw waiting over its last walk round every endpoint
@@ -428,14 +444,20 @@ class DeliveryLoop:
         fresh = len(self._finished) > len(done.unrecorded)  # results beyond the carried ones
         if fresh or (not done.claimed.round_done and len(done.claimed.attempts) < slots):
             await asyncio.sleep(0)  # the attempts' callbacks run, then the next round
-            return
-        timeout = self.poll_interval
-        if done.claimed.next_due_at is not None:
-            until_due = (done.claimed.next_due_at - utcnow()).total_seconds()
-            timeout = min(timeout, max(0.0, until_due))
-        if timeout > 0:
+        else:
+            timeout = self.poll_interval
+            if done.claimed.next_due_at is not None:
+                until_due = (done.claimed.next_due_at - utcnow()).total_seconds()
+                timeout = min(timeout, max(0.0, until_due))
+            if timeout > 0:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(timeout):
+                        await self._wake.wait()
+        gather_until = time.monotonic() + GATHER_SECONDS
+        while self._cohort and time.monotonic() < gather_until:
+            self._wake.clear()
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout):
+                async with asyncio.timeout(gather_until - time.monotonic()):
                     await self._wake.wait()
 
     # --- attempting -----------------------------------------------------------------------------
@@ -485,6 +507,7 @@ class DeliveryLoop:
             outcome = outcome or not_sent(f"{OWN_FAULT} stopped", utcnow())
             count_attempt(outcome.kind, outcome.duration_ms / 1000)
             del self._running[attempt.delivery_id]
+            self._cohort.discard(attempt.delivery_id)
             self._finished.append((attempt, outcome))
             self._wake.set()
 
@@ -531,11 +554,6 @@ def _log_attempt(attempt: Attempt, outcome: AttemptOutcome, recorded: Recorded) 
     )
 
 
-_LIMITS = (
-    f"SELECT set_config('statement_timeout', '{int(STATEMENT_TIMEOUT_SECONDS * 1000)}', true),"
-    f" set_config('lock_timeout', '{int(LOCK_TIMEOUT_SECONDS * 1000)}', true),"
-    " set_config('jit', 'off', true)"
-)
 # Is anything due now, held back by a breaker or not (a burst worker is not done while so)?
 _ANYTHING_DUE = text(
     """

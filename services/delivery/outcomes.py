@@ -95,6 +95,8 @@ class Attempt:
     token: str
     # time.monotonic() after which this attempt must not start (its claim's start window).
     start_by: float = float("inf")
+    # The endpoint was failing at the claim: its success is news for its health.
+    endpoint_failing: bool = False
 
 
 @dataclass(frozen=True)

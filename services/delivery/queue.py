@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
@@ -38,13 +38,15 @@ from models.bulk_job import END_PENDING
 from models.webhook_delivery import PENDING
 from models.webhook_endpoint import SUBJECT_ORDERING, endpoint_is_open_sql
 from services.delivery.outcomes import (
+    LOCK_TIMEOUT_SECONDS,
+    STATEMENT_TIMEOUT_SECONDS,
     Attempt,
     AttemptOutcome,
     EndpointState,
     Recorded,
     RetryPolicy,
 )
-from services.psycopg_direct import fetch_all_on_psycopg
+from services.psycopg_direct import RawStatement, run_pipeline
 
 log = logging.getLogger("brand_api.webhooks")
 
@@ -63,17 +65,30 @@ CLAIM_LOCK_CLASS = 41_001
 # to this many times in all, then dropped (its lease lapses and the delivery is sent again).
 RECORD_TRIES = 3
 
-NOW = "COALESCE(CAST(%(now)s AS timestamptz), statement_timestamp())"
+# The statement's clock: the database's, or `now` where a test gives one (one CTE of each
+# statement that reads it: `{T}`).
+CLOCK = "clock AS (SELECT COALESCE(CAST(%(now)s AS timestamptz), statement_timestamp()) AS t)"
+T = "(SELECT t FROM clock)"
+# Each transaction of a round sets its own limits first (a pooler may give the next transaction
+# another server connection: nothing is set for the session), in the same exchange as the rest.
+# Its commit does not wait for the disk: a PostgreSQL crash (not a restart) may lose the last
+# fraction of a second of records and claims, and those deliveries are sent once more; what a
+# publisher commits (the events and their deliveries) is never lost (docs/delivery.md).
+LIMITS = RawStatement.of(
+    f"SELECT set_config('statement_timeout', '{int(STATEMENT_TIMEOUT_SECONDS * 1000)}', true),"
+    f" set_config('lock_timeout', '{int(LOCK_TIMEOUT_SECONDS * 1000)}', true),"
+    " set_config('jit', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true),"
+    " set_config('synchronous_commit', 'off', true)"
+)
 
 
 def takes_attempts_sql(alias: str) -> str:
     """The endpoint `alias` may be sent attempts now: open (models/webhook_endpoint.py's rule)
     and not clearing the queue it had when it was closed (an `end_pending` job, bulk.py)."""
     return (
-        f"({endpoint_is_open_sql(alias)} AND NOT EXISTS"  # noqa: S608 - constant SQL
-        " (SELECT 1 FROM webhook_bulk_jobs AS job"
-        f" WHERE job.kind = '{END_PENDING}' AND job.endpoint_id = {alias}.id"
-        " AND job.finished_at IS NULL))"
+        f"({endpoint_is_open_sql(alias)} AND NOT EXISTS (SELECT 1 FROM webhook_bulk_jobs j"  # noqa: S608
+        f" WHERE j.kind = '{END_PENDING}' AND j.endpoint_id = {alias}.id"
+        " AND j.finished_at IS NULL))"
     )
 
 
@@ -83,16 +98,6 @@ def limit_sql(alias: str) -> str:
     return (
         f"CASE WHEN {alias}.consecutive_failures >= {PROBING_AFTER_FAILURES} THEN 1"
         f" ELSE COALESCE({alias}.max_in_flight, %(endpoint_limit)s) END"
-    )
-
-
-def _in_flight_sql(alias: str, *, owner: bool = False) -> str:
-    """The endpoint's live leases (a lapsed one's attempt is over), every worker's or this
-    worker's (its tokens begin with its owner id)."""
-    mine = " AND left(lease.token, 8) = %(owner)s" if owner else ""
-    return (
-        "(SELECT count(*) FROM webhook_delivery_leases AS lease"  # noqa: S608 - constant SQL
-        f" WHERE lease.endpoint_id = {alias}.id AND lease.leased_until >= {NOW}{mine})"
     )
 
 
@@ -147,42 +152,93 @@ class Claimed:
     oldest_due_at: datetime | None = None
 
 
-def claim_attempts(
-    *,
-    slots: int,
-    endpoint_limit: int,
-    token: str,
-    lease: timedelta,
-    held: Sequence[str] = (),
-    cursor: str = "",
-    cycle_start: str = "",
-    walk_max: int = 256,
-    start_by: float = float("inf"),
-    now: datetime | None = None,
-) -> Claimed:
-    """Lease up to `slots` due deliveries for attempts that start now (the caller commits).
+def claim_attempts(**claim: Any) -> Claimed:
+    """Lease due deliveries for attempts that start now, in a transaction of its own (which it
+    commits: its locks are the transaction's). `claim`: as `record_and_claim` takes it."""
+    _, claimed = record_and_claim([], policy=None, claim=claim)
+    assert claimed is not None
+    return claimed
 
-    Walks at most `walk_max` endpoints from `cursor` (`cycle_start`: where the walks since the
-    loop last waited began; the claim says when they have gone round). Each endpoint served
-    gets up to its room: its limit less every worker's live leases, and at most this worker's
-    share of the limit (the limit divided among the live workers), so that workers share an
-    endpoint's work. The
-    first of every endpoint goes before the second of any. An endpoint that orders by subject
-    never starts a delivery while an earlier one of its subject is pending: that one is held
-    (`next_attempt_at` null, `held_behind` the earlier one) until the earlier one ends. `held`:
-    deliveries this worker is still sending or recording, never taken again by it."""
+
+def record_and_claim(
+    results: Sequence[tuple[Attempt, AttemptOutcome]],
+    *,
+    policy: RetryPolicy | None,
+    claim: dict[str, Any] | None,
+    between: Callable[[list[Recorded]], None] | None = None,
+    rng=None,
+) -> tuple[list[Recorded] | None, Claimed | None]:
+    """A round's record and claim, in one transaction that this commits, in two exchanges with
+    the server when all goes well: the results and the walk, then the take and the commit.
+
+    The record runs under a savepoint: when it fails for a reason of the data, it alone is
+    rolled back, the claim goes on, and None is returned for it: the caller records the results
+    the slow way (`record_attempts`). `between(recorded)` runs after the record and before the
+    walk (the endpoints' health: a 410 closes its endpoint before the claim could take more of
+    it); the walk goes with the record only when no result can be news for an endpoint's
+    health (every one a success, at an endpoint healthy at its claim).
+
+    `claim` (None: record only): `slots`, `endpoint_limit`, `token` and `lease`, and optionally
+    `held` (deliveries this worker still sends or records, never taken again by it), `cursor`
+    and `cycle_start` (where this claim's walk begins, and where the walks since the loop last
+    waited began), `walk_max`, `start_by` (the attempts' start window) and `now` (a test's
+    clock). Each endpoint served gets up to its room: its limit less every worker's live
+    leases, and at most this worker's share of the limit (the limit divided among the live
+    workers), so that workers share an endpoint's work; the first of every endpoint goes
+    before the second of any. An endpoint that orders by subject never starts a delivery while
+    an earlier one of its subject is pending: that one is held (`next_attempt_at` null,
+    `held_behind` the earlier one) until the earlier one ends."""
     connection = db.session.connection()
-    params: dict[str, Any] = {
-        "now": now,
-        "cursor": cursor,
-        "cycle_start": cycle_start,
-        "walk_max": walk_max,
-        "slots": slots,
-        "endpoint_limit": endpoint_limit,
-        "held": list(held),
+    pick = _pick_parameters(claim) if claim is not None else None
+    news_possible = between is not None and any(
+        not outcome.succeeded or attempt.endpoint_failing for attempt, outcome in results
+    )
+    statements: list[tuple[RawStatement, dict[str, Any]]] = [(LIMITS, {})]
+    if results:
+        assert policy is not None
+        statements += [(_SAVEPOINT, {}), (_RECORD, _record_parameters(results, policy, rng))]
+    if pick is not None and not news_possible:
+        statements.append((_PICK, pick))
+    try:
+        answers = run_pipeline(connection, statements, commit=pick is None)
+        recorded = _recorded(results, answers[2]) if results else []
+    except DBAPIError as error:
+        if not results or isinstance(error, OperationalError | InterfaceError):
+            raise
+        log.warning(
+            "recording %d webhook attempt(s) together failed (%s); recording them apart",
+            len(results),
+            type(error.orig).__name__,
+        )
+        run_pipeline(connection, [(_ROLLBACK_TO_SAVEPOINT, {})], commit=pick is None)
+        answers, recorded = [], None
+    if recorded and between is not None:
+        between(recorded)
+    if pick is None:
+        return recorded, None
+    picked = answers[-1] if len(answers) == len(statements) and statements[-1][1] is pick else None
+    if picked is None:
+        [picked] = run_pipeline(connection, [(_PICK, pick)], commit=False)
+    assert claim is not None
+    return recorded, _take(connection, picked, pick, claim)
+
+
+def _pick_parameters(claim: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "now": claim.get("now"),
+        "cursor": claim.get("cursor", ""),
+        "cycle_start": claim.get("cycle_start", ""),
+        "walk_max": claim.get("walk_max", 256),
+        "slots": claim["slots"],
+        "endpoint_limit": claim["endpoint_limit"],
+        "held": list(claim.get("held", ())),
         "lock_class": CLAIM_LOCK_CLASS,
     }
-    rows = fetch_all_on_psycopg(connection, _PICK, params)
+
+
+def _take(connection, rows: list[tuple], pick: dict[str, Any], claim: dict[str, Any]) -> Claimed:
+    """What the walk found (`rows`), taken: the attempts leased, and the transaction
+    committed."""
     walk = next(row for row in rows if row[0] == "walk")
     _, new_cursor, round_done, next_due_at, oldest_due_at, closed, _ = walk
     claimed = Claimed(
@@ -192,26 +248,26 @@ def claim_attempts(
         oldest_due_at=oldest_due_at,
     )
     served = [row for row in rows if row[0] == "endpoint"]
-    if len(served) >= slots:
+    if len(served) >= pick["slots"]:
         # More endpoints were ready than slots: the next walk begins after the last served.
         claimed = replace(claimed, cursor=served[-1][1], round_done=False)
     if closed:
         log.info("closed endpoint(s) %s still had queued work: clearing it", ", ".join(closed))
     if not served:
+        run_pipeline(connection, [], commit=True)
         return claimed
-    taken = fetch_all_on_psycopg(
-        connection,
-        _TAKE,
-        {
-            **params,
-            "endpoint_ids": [row[1] for row in served],
-            "owner": token[:8],
-            "token": token,
-            "lease_seconds": lease.total_seconds(),
-            "look_ahead": ORDERED_LOOK_AHEAD,
-            "live_seconds": LIVE_WORKER_SECONDS,
-        },
-    )
+    token = claim["token"]
+    take = {
+        **pick,
+        "endpoint_ids": [row[1] for row in served],
+        "owner": token[:8],
+        "token": token,
+        "lease_seconds": claim["lease"].total_seconds(),
+        "look_ahead": ORDERED_LOOK_AHEAD,
+        "live_seconds": LIVE_WORKER_SECONDS,
+    }
+    [taken] = run_pipeline(connection, [(_TAKE, take)], commit=True)
+    start_by = claim.get("start_by", float("inf"))
     attempts = [
         Attempt(
             delivery_id=row[0],
@@ -225,10 +281,15 @@ def claim_attempts(
             body=row[8].encode(),
             token=token,
             start_by=start_by,
+            endpoint_failing=row[9],
         )
         for row in taken
     ]
     return replace(claimed, attempts=attempts)
+
+
+_SAVEPOINT = RawStatement.of("SAVEPOINT record")
+_ROLLBACK_TO_SAVEPOINT = RawStatement.of("ROLLBACK TO SAVEPOINT record")
 
 
 # The walk: from the cursor, the first queue row of each next endpoint (its earliest due time;
@@ -238,186 +299,174 @@ def claim_attempts(
 # slot, each locked for this transaction unless another claim holds it. A closed endpoint the
 # walk meets with queued work and no job clearing it (a publish that raced its closing) gets
 # that job (bulk.py). Last, a row that says where the walk got to.
-_WALK = """
+_PICK = RawStatement.of(
+    f"""
+    WITH RECURSIVE {CLOCK},
     walk(endpoint_id, due_at, n, wrapped) AS (
-        SELECT first.endpoint_id, first.next_attempt_at, 1, first.wrapped
-        FROM ((SELECT q.endpoint_id, q.next_attempt_at, false AS wrapped
-               FROM webhook_delivery_queue AS q WHERE q.endpoint_id > %(cursor)s
-               ORDER BY q.endpoint_id, q.next_attempt_at LIMIT 1)
+        SELECT f.endpoint_id, f.next_attempt_at, 1, f.wrapped
+        FROM ((SELECT endpoint_id, next_attempt_at, false AS wrapped
+               FROM webhook_delivery_queue WHERE endpoint_id > %(cursor)s
+               ORDER BY endpoint_id, next_attempt_at LIMIT 1)
               UNION ALL
-              (SELECT q.endpoint_id, q.next_attempt_at, true
-               FROM webhook_delivery_queue AS q
-               ORDER BY q.endpoint_id, q.next_attempt_at LIMIT 1)
-              LIMIT 1) AS first
+              (SELECT endpoint_id, next_attempt_at, true FROM webhook_delivery_queue
+               ORDER BY endpoint_id, next_attempt_at LIMIT 1)
+              LIMIT 1) AS f
         UNION ALL
-        SELECT step.endpoint_id, step.next_attempt_at, walk.n + 1, step.wrapped
-        FROM walk CROSS JOIN LATERAL (
-            (SELECT q.endpoint_id, q.next_attempt_at, walk.wrapped AS wrapped
-             FROM webhook_delivery_queue AS q
-             WHERE q.endpoint_id > walk.endpoint_id
-               AND (NOT walk.wrapped OR q.endpoint_id <= %(cursor)s)
-             ORDER BY q.endpoint_id, q.next_attempt_at LIMIT 1)
+        SELECT s.endpoint_id, s.next_attempt_at, w.n + 1, s.wrapped
+        FROM walk AS w CROSS JOIN LATERAL (
+            (SELECT endpoint_id, next_attempt_at, w.wrapped AS wrapped FROM webhook_delivery_queue
+             WHERE endpoint_id > w.endpoint_id AND (NOT w.wrapped OR endpoint_id <= %(cursor)s)
+             ORDER BY endpoint_id, next_attempt_at LIMIT 1)
             UNION ALL
-            (SELECT q.endpoint_id, q.next_attempt_at, true
-             FROM webhook_delivery_queue AS q
-             WHERE NOT walk.wrapped AND q.endpoint_id <= %(cursor)s
-             ORDER BY q.endpoint_id, q.next_attempt_at LIMIT 1)
-            LIMIT 1) AS step
-        WHERE walk.n < %(walk_max)s
-    )"""
-
-_PICK = f"""
-    WITH RECURSIVE {_WALK.strip()},
-    walked AS MATERIALIZED (SELECT * FROM walk),
-    candidate AS MATERIALIZED (
-        SELECT endpoint_id, min(n) AS n FROM (
-            SELECT endpoint_id, n FROM walked WHERE due_at <= {NOW}
-            UNION ALL
-            SELECT lease.endpoint_id, 0 FROM webhook_delivery_leases AS lease
-            WHERE lease.leased_until < {NOW} AND lease.delivery_id <> ALL(%(held)s)
-        ) AS found GROUP BY endpoint_id
+            (SELECT endpoint_id, next_attempt_at, true FROM webhook_delivery_queue
+             WHERE NOT w.wrapped AND endpoint_id <= %(cursor)s
+             ORDER BY endpoint_id, next_attempt_at LIMIT 1)
+            LIMIT 1) AS s
+        WHERE w.n < %(walk_max)s
     ),
+    walked AS MATERIALIZED (SELECT * FROM walk),
     eligible AS MATERIALIZED (
-        SELECT e.id, candidate.n FROM candidate
-        JOIN webhook_endpoints AS e ON e.id = candidate.endpoint_id
-        WHERE {takes_attempts_sql("e")}
-          AND NOT COALESCE(e.next_probe_at > {NOW}, false)
-          AND {_in_flight_sql("e")} < {limit_sql("e")}
-        ORDER BY candidate.n LIMIT %(slots)s
+        SELECT e.id, c.n FROM (
+            SELECT endpoint_id, min(n) AS n FROM (
+                SELECT endpoint_id, n FROM walked WHERE due_at <= {T}
+                UNION ALL
+                SELECT endpoint_id, 0 FROM webhook_delivery_leases
+                WHERE leased_until < {T} AND delivery_id <> ALL(%(held)s)
+            ) AS f GROUP BY endpoint_id
+        ) AS c
+        JOIN webhook_endpoints AS e ON e.id = c.endpoint_id
+        WHERE {takes_attempts_sql("e")} AND NOT COALESCE(e.next_probe_at > {T}, false)
+          AND (SELECT count(*) FROM webhook_delivery_leases AS l
+               WHERE l.endpoint_id = e.id AND l.leased_until >= {T}) < {limit_sql("e")}
+        ORDER BY c.n LIMIT %(slots)s
     ),
     closed AS (
         INSERT INTO webhook_bulk_jobs (kind, brand_id, endpoint_id, note, requested_at)
-        SELECT '{END_PENDING}', e.brand_id, e.id, 'Endpoint disabled or deleted', {NOW}
+        SELECT '{END_PENDING}', e.brand_id, e.id, 'Endpoint disabled or deleted', {T}
         FROM walked JOIN webhook_endpoints AS e ON e.id = walked.endpoint_id
         WHERE NOT ({endpoint_is_open_sql("e")})
-          AND NOT EXISTS (SELECT 1 FROM webhook_bulk_jobs AS job
-                          WHERE job.kind = '{END_PENDING}' AND job.endpoint_id = e.id
-                            AND job.finished_at IS NULL)
+          AND NOT EXISTS (SELECT 1 FROM webhook_bulk_jobs AS j WHERE j.kind = '{END_PENDING}'
+                          AND j.endpoint_id = e.id AND j.finished_at IS NULL)
         ON CONFLICT DO NOTHING
         RETURNING endpoint_id
     )
-    SELECT 'endpoint', eligible.id, NULL::boolean, NULL::timestamptz, NULL::timestamptz,
-           NULL::text[], eligible.n
-    FROM eligible WHERE pg_try_advisory_xact_lock(%(lock_class)s, hashtext(eligible.id))
+    SELECT 'endpoint', id, NULL::boolean, NULL::timestamptz, NULL::timestamptz, NULL::text[], n
+    FROM eligible WHERE pg_try_advisory_xact_lock(%(lock_class)s, hashtext(id))
     UNION ALL
     SELECT 'walk', (SELECT endpoint_id FROM walked ORDER BY n DESC LIMIT 1),
            (SELECT count(*) < %(walk_max)s
                    OR COALESCE(bool_or(wrapped AND endpoint_id >= %(cycle_start)s), false)
             FROM walked),
-           (SELECT min(due_at) FROM walked WHERE due_at > {NOW}),
-           (SELECT min(due_at) FROM walked WHERE due_at <= {NOW}),
+           (SELECT min(due_at) FROM walked WHERE due_at > {T}),
+           (SELECT min(due_at) FROM walked WHERE due_at <= {T}),
            (SELECT CAST(array_agg(endpoint_id) AS text[]) FROM closed), NULL
     ORDER BY 1, 7
-"""  # noqa: S608 - constant SQL, put together at import
+    """  # noqa: S608 - constant SQL, put together at import
+)
 
 # With the endpoints locked, in a statement of its own (its snapshot sees every claim committed
-# before the locks): each endpoint's room, its lapsed leases (re-let first: theirs are the
-# oldest due) and its oldest due queue rows (a look-ahead past its room for an endpoint that
-# orders by subject, whose rows behind an earlier pending delivery of their subject are held
-# as they are met: the earlier one's delivery row is locked FOR SHARE meanwhile, so it cannot
-# end unseen before the hold commits, and a row whose earlier one is locked by someone else
-# waits for the next claim), the rows each gets (the first of every endpoint before the second
-# of any, up to the slots), moved from the queue to the leases, and the attempts to make. Rows
-# are materialised CTEs: as subqueries of the statements that change them, PostgreSQL may re-run
-# a pick and ignore its limit.
-_TAKE = f"""
-    WITH endpoint AS MATERIALIZED (
-        SELECT e.id, e.url, e.secret_ciphertext,
-               CASE WHEN e.previous_secret_expires_at > {NOW}
+# before the locks): each endpoint's room (its limit less every worker's live leases, and at
+# most this worker's share of the limit less its own), its lapsed leases (re-let first: theirs
+# are the oldest due) and its oldest due queue rows (a look-ahead past its room for an endpoint
+# that orders by subject, whose rows behind an earlier pending delivery of their subject are
+# held as they are met: the earlier one's delivery row is locked FOR SHARE meanwhile, so it
+# cannot end unseen before the hold commits, and a row whose earlier one is locked by someone
+# else waits for the next claim), the rows each gets (the first of every endpoint before the
+# second of any, up to the slots), moved from the queue to the leases, and the attempts to
+# make. Rows are materialised CTEs: as subqueries of the statements that change them,
+# PostgreSQL may re-run a pick and ignore its limit.
+_TAKE = RawStatement.of(
+    f"""
+    WITH {CLOCK},
+    endpoint AS MATERIALIZED (
+        SELECT e.id, e.url, e.secret_ciphertext, e.ordering = 'subject' AS ordered,
+               e.consecutive_failures > 0 OR e.next_probe_at IS NOT NULL AS failing,
+               CASE WHEN e.previous_secret_expires_at > {T}
                     THEN e.previous_secret_ciphertext END AS previous_secret_ciphertext,
-               e.ordering = 'subject' AS ordered,
-               CAST(GREATEST(0, LEAST(
-                   {limit_sql("e")} - {_in_flight_sql("e")},
-                   ceil({limit_sql("e")}::numeric / GREATEST(1, (
-                       SELECT count(*) FROM webhook_delivery_loops AS loop
-                       WHERE loop.last_round_at
-                             > {NOW} - make_interval(secs => %(live_seconds)s)
-                   ))) - {_in_flight_sql("e", owner=True)})) AS integer) AS room,
-               array_position(CAST(%(endpoint_ids)s AS varchar[]), e.id) AS turn
+               array_position(CAST(%(endpoint_ids)s AS varchar[]), e.id) AS turn,
+               CAST(GREATEST(0, LEAST(x.lim - f.total, ceil(x.lim::numeric / (
+                   SELECT GREATEST(1, count(*)) FROM webhook_delivery_loops
+                   WHERE last_round_at > {T} - make_interval(secs => %(live_seconds)s)
+               )) - f.mine)) AS integer) AS room
         FROM webhook_endpoints AS e
-        WHERE e.id = ANY(CAST(%(endpoint_ids)s AS varchar[]))
-          AND {takes_attempts_sql("e")}
-          AND NOT COALESCE(e.next_probe_at > {NOW}, false)
+        CROSS JOIN LATERAL (SELECT {limit_sql("e")} AS lim) AS x
+        CROSS JOIN LATERAL (
+            SELECT count(*) AS total, count(*) FILTER (WHERE left(token, 8) = %(owner)s) AS mine
+            FROM webhook_delivery_leases WHERE endpoint_id = e.id AND leased_until >= {T}
+        ) AS f
+        WHERE e.id = ANY(CAST(%(endpoint_ids)s AS varchar[])) AND {takes_attempts_sql("e")}
+          AND NOT COALESCE(e.next_probe_at > {T}, false)
     ),
     lapsed AS MATERIALIZED (
-        SELECT endpoint.id AS endpoint_id, endpoint.turn, lease.delivery_id, lease.leased_until
-        FROM endpoint CROSS JOIN LATERAL (
-            SELECT l.delivery_id, l.leased_until FROM webhook_delivery_leases AS l
-            WHERE l.endpoint_id = endpoint.id AND l.leased_until < {NOW}
-              AND l.delivery_id <> ALL(%(held)s)
-            ORDER BY l.leased_until LIMIT endpoint.room
-            FOR UPDATE OF l SKIP LOCKED
-        ) AS lease
-        WHERE endpoint.room > 0
+        SELECT p.id AS endpoint_id, p.turn, l.delivery_id, l.leased_until AS due_at
+        FROM endpoint AS p CROSS JOIN LATERAL (
+            SELECT delivery_id, leased_until FROM webhook_delivery_leases
+            WHERE endpoint_id = p.id AND leased_until < {T} AND delivery_id <> ALL(%(held)s)
+            ORDER BY leased_until LIMIT p.room FOR UPDATE SKIP LOCKED
+        ) AS l
+        WHERE p.room > 0
     ),
     due AS MATERIALIZED (
-        SELECT endpoint.id AS endpoint_id, endpoint.turn, endpoint.ordered, q.*
-        FROM endpoint CROSS JOIN LATERAL (
-            SELECT q.delivery_id, q.next_attempt_at, q.subject_key, q.sequence
-            FROM webhook_delivery_queue AS q
-            WHERE q.endpoint_id = endpoint.id AND q.next_attempt_at <= {NOW}
-              AND q.delivery_id <> ALL(%(held)s)
-            ORDER BY q.next_attempt_at
-            LIMIT endpoint.room + CASE WHEN endpoint.ordered THEN %(look_ahead)s ELSE 0 END
-            FOR UPDATE OF q SKIP LOCKED
+        SELECT p.id AS endpoint_id, p.turn, p.ordered, q.*
+        FROM endpoint AS p CROSS JOIN LATERAL (
+            SELECT delivery_id, next_attempt_at AS due_at, subject_key, sequence
+            FROM webhook_delivery_queue
+            WHERE endpoint_id = p.id AND next_attempt_at <= {T} AND delivery_id <> ALL(%(held)s)
+            ORDER BY next_attempt_at
+            LIMIT p.room + CASE WHEN p.ordered THEN %(look_ahead)s ELSE 0 END
+            FOR UPDATE SKIP LOCKED
         ) AS q
-        WHERE endpoint.room > 0
+        WHERE p.room > 0
     ),
-    predecessor AS MATERIALIZED (
-        SELECT due.delivery_id, before.delivery_id AS predecessor
-        FROM due CROSS JOIN LATERAL (
-            SELECT earlier.delivery_id FROM (
-                SELECT q.delivery_id, q.sequence FROM webhook_delivery_queue AS q
-                WHERE q.endpoint_id = due.endpoint_id AND q.subject_key = due.subject_key
-                  AND q.sequence < due.sequence
+    before AS MATERIALIZED (
+        SELECT d.delivery_id, b.delivery_id AS predecessor
+        FROM due AS d CROSS JOIN LATERAL (
+            SELECT delivery_id FROM (
+                SELECT delivery_id, sequence FROM webhook_delivery_queue
+                WHERE endpoint_id = d.endpoint_id AND subject_key = d.subject_key
+                  AND sequence < d.sequence
                 UNION ALL
-                SELECT l.delivery_id, l.sequence FROM webhook_delivery_leases AS l
-                WHERE l.endpoint_id = due.endpoint_id AND l.subject_key = due.subject_key
-                  AND l.sequence < due.sequence
-            ) AS earlier ORDER BY earlier.sequence DESC LIMIT 1
-        ) AS before
-        WHERE due.ordered AND due.subject_key IS NOT NULL
+                SELECT delivery_id, sequence FROM webhook_delivery_leases
+                WHERE endpoint_id = d.endpoint_id AND subject_key = d.subject_key
+                  AND sequence < d.sequence
+            ) AS e ORDER BY sequence DESC LIMIT 1
+        ) AS b
+        WHERE d.ordered AND d.subject_key IS NOT NULL
     ),
     pinned AS MATERIALIZED (
-        SELECT d.id FROM webhook_deliveries AS d
-        WHERE d.id IN (SELECT predecessor FROM predecessor) AND d.status = 'pending'
-        FOR SHARE OF d SKIP LOCKED
-    ),
-    startable AS MATERIALIZED (
-        SELECT endpoint_id, turn, delivery_id, relet,
-               row_number() OVER (PARTITION BY endpoint_id ORDER BY NOT relet, due_at) AS place
-        FROM (
-            SELECT endpoint_id, turn, delivery_id, true AS relet, leased_until AS due_at
-            FROM lapsed
-            UNION ALL
-            SELECT due.endpoint_id, due.turn, due.delivery_id, false, due.next_attempt_at
-            FROM due LEFT JOIN predecessor ON predecessor.delivery_id = due.delivery_id
-            WHERE predecessor.delivery_id IS NULL
-        ) AS ready
+        SELECT id FROM webhook_deliveries
+        WHERE id IN (SELECT predecessor FROM before) AND status = 'pending'
+        FOR SHARE SKIP LOCKED
     ),
     taken AS MATERIALIZED (
-        SELECT startable.* FROM startable JOIN endpoint ON endpoint.id = startable.endpoint_id
-        WHERE startable.place <= endpoint.room
-        ORDER BY startable.place, startable.turn
-        LIMIT %(slots)s
+        SELECT r.* FROM (
+            SELECT s.*, row_number() OVER (
+                PARTITION BY s.endpoint_id ORDER BY NOT s.relet, s.due_at) AS place
+            FROM (
+                SELECT endpoint_id, turn, delivery_id, true AS relet, due_at FROM lapsed
+                UNION ALL
+                SELECT endpoint_id, turn, delivery_id, false, due_at FROM due
+                WHERE delivery_id NOT IN (SELECT delivery_id FROM before)
+            ) AS s
+        ) AS r JOIN endpoint AS p ON p.id = r.endpoint_id
+        WHERE r.place <= p.room ORDER BY r.place, r.turn LIMIT %(slots)s
     ),
-    held_back AS (
-        UPDATE webhook_delivery_queue AS q
-        SET next_attempt_at = NULL, held_behind = predecessor.predecessor
-        FROM predecessor JOIN pinned ON pinned.id = predecessor.predecessor
-        WHERE q.delivery_id = predecessor.delivery_id
+    held AS (
+        UPDATE webhook_delivery_queue AS q SET next_attempt_at = NULL, held_behind = b.predecessor
+        FROM before AS b JOIN pinned ON pinned.id = b.predecessor
+        WHERE q.delivery_id = b.delivery_id
     ),
     unqueued AS (
-        DELETE FROM webhook_delivery_queue AS q
         -- Through the primary key: the planner cannot see how few rows the CTE holds.
-        WHERE q.delivery_id = ANY (ARRAY(SELECT delivery_id FROM taken WHERE NOT relet))
-        RETURNING q.*
+        DELETE FROM webhook_delivery_queue
+        WHERE delivery_id = ANY(ARRAY(SELECT delivery_id FROM taken WHERE NOT relet))
+        RETURNING *
     ),
     relet AS (
-        UPDATE webhook_delivery_leases AS l
-        SET token = %(token)s, leased_until = {NOW} + make_interval(secs => %(lease_seconds)s)
-        WHERE l.delivery_id = ANY (ARRAY(SELECT delivery_id FROM taken WHERE relet))
-        RETURNING l.delivery_id, l.endpoint_id, l.attempt_count
+        UPDATE webhook_delivery_leases
+        SET token = %(token)s, leased_until = {T} + make_interval(secs => %(lease_seconds)s)
+        WHERE delivery_id = ANY(ARRAY(SELECT delivery_id FROM taken WHERE relet))
+        RETURNING delivery_id, endpoint_id, attempt_count
     ),
     leased AS (
         INSERT INTO webhook_delivery_leases (
@@ -425,22 +474,21 @@ _TAKE = f"""
             subject_key, sequence
         )
         SELECT delivery_id, endpoint_id, %(token)s,
-               {NOW} + make_interval(secs => %(lease_seconds)s),
-               attempt_count, not_before, subject_key, sequence
+               {T} + make_interval(secs => %(lease_seconds)s), attempt_count, not_before,
+               subject_key, sequence
         FROM unqueued
         RETURNING delivery_id, endpoint_id, attempt_count
     ),
-    attempts AS (SELECT * FROM leased UNION ALL SELECT * FROM relet)
-    SELECT attempts.delivery_id, CAST(attempts.endpoint_id AS text), attempts.attempt_count,
-           d.event_id, d.event_name, endpoint.url, endpoint.secret_ciphertext,
-           endpoint.previous_secret_ciphertext, event.body
-    FROM attempts
-    JOIN endpoint ON endpoint.id = attempts.endpoint_id
-    JOIN webhook_deliveries AS d ON d.id = attempts.delivery_id
-    JOIN webhook_events AS event ON event.id = d.event_id
-    ORDER BY (SELECT place FROM taken WHERE taken.delivery_id = attempts.delivery_id),
-             endpoint.turn
-"""  # noqa: S608 - constant SQL, put together at import
+    a AS (SELECT * FROM leased UNION ALL SELECT * FROM relet)
+    SELECT a.delivery_id, CAST(a.endpoint_id AS text), a.attempt_count, d.event_id, d.event_name,
+           p.url, p.secret_ciphertext, p.previous_secret_ciphertext, v.body, p.failing
+    FROM a JOIN taken AS t ON t.delivery_id = a.delivery_id
+    JOIN endpoint AS p ON p.id = a.endpoint_id
+    JOIN webhook_deliveries AS d ON d.id = a.delivery_id
+    JOIN webhook_events AS v ON v.id = d.event_id
+    ORDER BY t.place, t.turn
+    """  # noqa: S608 - constant SQL, put together at import
+)
 
 
 # --- recording --------------------------------------------------------------------------------
@@ -520,12 +568,15 @@ def _record_reduced(attempt, outcome, policy, rng, error) -> Recorded:
 
 
 def _record(results, policy: RetryPolicy, rng) -> list[Recorded]:
-    delays = [
-        policy.retry_delay(attempt.attempt_number, outcome, rng) for attempt, outcome in results
-    ]
-    rows = fetch_all_on_psycopg(
-        db.session.connection(), _RECORD, _record_parameters(results, delays)
+    [_, rows] = run_pipeline(
+        db.session.connection(),
+        [(LIMITS, {}), (_RECORD, _record_parameters(results, policy, rng))],
+        commit=True,
     )
+    return _recorded(results, rows)
+
+
+def _recorded(results, rows: list[tuple]) -> list[Recorded]:
     by_id = {row[0]: row for row in rows}
     recorded: list[Recorded] = []
     for attempt, _ in results:
@@ -541,31 +592,39 @@ def _record(results, policy: RetryPolicy, rng) -> list[Recorded]:
 
 
 def _record_parameters(
-    results: Sequence[tuple[Attempt, AttemptOutcome]],
-    delays: Sequence[tuple[float | None, float | None]],
+    results: Sequence[tuple[Attempt, AttemptOutcome]], policy: RetryPolicy, rng
 ) -> dict[str, Any]:
+    """The batch as one JSON document: one parameter, dumped by the json module's C encoder
+    (eighteen arrays through psycopg's adapters cost a round 0.1 ms)."""
+    delays = [
+        policy.retry_delay(attempt.attempt_number, outcome, rng) for attempt, outcome in results
+    ]
     return {
-        "delivery_ids": [attempt.delivery_id for attempt, _ in results],
-        "tokens": [attempt.token for attempt, _ in results],
-        "attempt_numbers": [attempt.attempt_number for attempt, _ in results],
-        "succeeded": [outcome.succeeded for _, outcome in results],
-        "http_statuses": [outcome.http_status for _, outcome in results],
-        "errors": [outcome.error_text for _, outcome in results],
-        "retry_seconds": [delay for delay, _ in delays],
-        "not_before_seconds": [asked for _, asked in delays],
-        "requested_ats": [outcome.requested_at for _, outcome in results],
-        "durations": [outcome.duration_ms for _, outcome in results],
-        "response_bodies": [outcome.response_body for _, outcome in results],
-        "request_headers": [json.dumps(outcome.request_headers) for _, outcome in results],
-        "response_headers": [
-            None if outcome.response_headers is None else json.dumps(outcome.response_headers)
-            for _, outcome in results
-        ],
-        "remote_addresses": [outcome.remote_address for _, outcome in results],
-        "dns_ms": [outcome.timings.dns_ms for _, outcome in results],
-        "connect_ms": [outcome.timings.connect_ms for _, outcome in results],
-        "tls_ms": [outcome.timings.tls_ms for _, outcome in results],
-        "first_byte_ms": [outcome.timings.first_byte_ms for _, outcome in results],
+        "results": json.dumps(
+            [
+                {
+                    "delivery_id": attempt.delivery_id,
+                    "token": attempt.token,
+                    "attempt_number": attempt.attempt_number,
+                    "succeeded": outcome.succeeded,
+                    "http_status": outcome.http_status,
+                    "error": outcome.error_text,
+                    "retry_seconds": retry,
+                    "not_before_seconds": asked,
+                    "requested_at": outcome.requested_at.isoformat(),
+                    "duration_ms": outcome.duration_ms,
+                    "response_body": outcome.response_body,
+                    "request_headers": outcome.request_headers,
+                    "response_headers": outcome.response_headers,
+                    "remote_address": outcome.remote_address,
+                    "dns_ms": outcome.timings.dns_ms,
+                    "connect_ms": outcome.timings.connect_ms,
+                    "tls_ms": outcome.timings.tls_ms,
+                    "first_byte_ms": outcome.timings.first_byte_ms,
+                }
+                for (attempt, outcome), (retry, asked) in zip(results, delays, strict=True)
+            ]
+        )
     }
 
 
@@ -575,73 +634,56 @@ def _record_parameters(
 #   carried to the next round: nothing waits), with their endpoint read as it is;
 # - `released`: their leases, deleted;
 # - `written`: their deliveries, settled `delivered`, waiting for a retry (`pending`, with its
-#   next time, while the endpoint takes attempts), or `failed` after the last or on a closed
+#   next time, while the endpoint is open), or `failed` after the last or on a closed
 #   endpoint; a trigger releases what was held behind one that stopped being pending;
 # - `requeued`: one waiting for a retry goes back in the queue;
 # - `logged`: the attempt's row (a trigger counts it into its endpoint's hour).
-_RECORD = f"""
-    WITH result AS (
-        SELECT * FROM unnest(
-            CAST(%(delivery_ids)s AS varchar[]), CAST(%(tokens)s AS varchar[]),
-            CAST(%(attempt_numbers)s AS integer[]), CAST(%(succeeded)s AS boolean[]),
-            CAST(%(http_statuses)s AS integer[]), CAST(%(errors)s AS varchar[]),
-            CAST(%(retry_seconds)s AS double precision[]),
-            CAST(%(not_before_seconds)s AS double precision[]),
-            CAST(%(requested_ats)s AS timestamptz[]), CAST(%(durations)s AS integer[]),
-            CAST(%(response_bodies)s AS text[]), CAST(%(request_headers)s AS text[]),
-            CAST(%(response_headers)s AS text[]), CAST(%(remote_addresses)s AS varchar[]),
-            CAST(%(dns_ms)s AS integer[]), CAST(%(connect_ms)s AS integer[]),
-            CAST(%(tls_ms)s AS integer[]), CAST(%(first_byte_ms)s AS integer[])
-        ) AS r(delivery_id, token, attempt_number, succeeded, http_status, error,
-               retry_seconds, not_before_seconds, requested_at, duration_ms, response_body,
-               request_headers, response_headers, remote_address, dns_ms, connect_ms, tls_ms,
-               first_byte_ms)
+_RETRY = "(NOT r.succeeded AND d.status = 'pending' AND k.open AND r.retry_seconds IS NOT NULL)"
+_RECORD = RawStatement.of(
+    f"""
+    WITH r AS MATERIALIZED (
+        SELECT * FROM json_to_recordset(CAST(%(results)s AS json)) AS r(
+            delivery_id varchar, token varchar, attempt_number integer, succeeded boolean,
+            http_status integer, error varchar, retry_seconds double precision,
+            not_before_seconds double precision, requested_at timestamptz, duration_ms integer,
+            response_body text, request_headers json, response_headers json,
+            remote_address varchar, dns_ms integer, connect_ms integer, tls_ms integer,
+            first_byte_ms integer)
     ),
     owned AS MATERIALIZED (
         SELECT l.delivery_id FROM webhook_delivery_leases AS l
-        JOIN result AS r ON r.delivery_id = l.delivery_id AND r.token = l.token
+        JOIN r ON r.delivery_id = l.delivery_id AND r.token = l.token
     ),
     lease AS MATERIALIZED (
-        SELECT l.delivery_id, l.endpoint_id, l.subject_key, l.sequence
-        FROM webhook_delivery_leases AS l
-        WHERE l.delivery_id IN (SELECT delivery_id FROM owned)
-        ORDER BY l.delivery_id
-        FOR UPDATE OF l SKIP LOCKED
+        SELECT delivery_id FROM webhook_delivery_leases
+        WHERE delivery_id IN (SELECT delivery_id FROM owned)
+        ORDER BY delivery_id FOR UPDATE SKIP LOCKED
     ),
-    locked AS MATERIALIZED (
-        SELECT d.id, d.status, e.consecutive_failures,
+    k AS MATERIALIZED (
+        SELECT d.id, e.consecutive_failures,
                e.consecutive_failures >= {PROBING_AFTER_FAILURES}
                    OR e.next_probe_at IS NOT NULL AS probing,
                {endpoint_is_open_sql("e")} AS open
-        FROM webhook_deliveries AS d
-        JOIN webhook_endpoints AS e ON e.id = d.endpoint_id
+        FROM webhook_deliveries AS d JOIN webhook_endpoints AS e ON e.id = d.endpoint_id
         WHERE d.id IN (SELECT delivery_id FROM lease)
-        ORDER BY d.id
-        FOR NO KEY UPDATE OF d SKIP LOCKED
+        ORDER BY d.id FOR NO KEY UPDATE OF d SKIP LOCKED
     ),
     released AS (
-        DELETE FROM webhook_delivery_leases AS l USING locked
-        WHERE l.delivery_id = locked.id
-        RETURNING l.delivery_id, l.endpoint_id, l.subject_key, l.sequence
+        DELETE FROM webhook_delivery_leases AS l USING k WHERE l.delivery_id = k.id
+        RETURNING l.delivery_id, l.subject_key, l.sequence
     ),
     written AS (
         UPDATE webhook_deliveries AS d
         SET status = CASE WHEN r.succeeded THEN 'delivered'
-                          WHEN d.status = 'pending' AND locked.open
-                               AND r.retry_seconds IS NOT NULL THEN 'pending'
-                          ELSE 'failed' END,
+                          WHEN {_RETRY} THEN 'pending' ELSE 'failed' END,
             delivered_at = CASE WHEN r.succeeded THEN statement_timestamp() END,
-            failed_at = CASE WHEN r.succeeded THEN NULL
-                             WHEN d.status = 'pending' AND locked.open
-                                  AND r.retry_seconds IS NOT NULL THEN NULL
+            failed_at = CASE WHEN r.succeeded OR {_RETRY} THEN NULL
                              ELSE COALESCE(d.failed_at, statement_timestamp()) END,
             attempt_count = r.attempt_number, http_status = r.http_status,
             last_error = r.error,
-            next_attempt_at = CASE
-                WHEN NOT r.succeeded AND d.status = 'pending' AND locked.open
-                     AND r.retry_seconds IS NOT NULL
+            next_attempt_at = CASE WHEN {_RETRY}
                 THEN statement_timestamp() + make_interval(secs => r.retry_seconds) END
-        FROM result AS r JOIN locked ON locked.id = r.delivery_id
+        FROM r JOIN k ON k.id = r.delivery_id
         JOIN released ON released.delivery_id = r.delivery_id
         WHERE d.id = r.delivery_id
         RETURNING d.id, d.endpoint_id, d.status, d.next_attempt_at
@@ -651,13 +693,12 @@ _RECORD = f"""
             delivery_id, endpoint_id, next_attempt_at, attempt_count, not_before, subject_key,
             sequence
         )
-        SELECT written.id, written.endpoint_id, written.next_attempt_at, r.attempt_number,
+        SELECT w.id, w.endpoint_id, w.next_attempt_at, r.attempt_number,
                statement_timestamp() + make_interval(secs => r.not_before_seconds),
                released.subject_key, released.sequence
-        FROM written
-        JOIN result AS r ON r.delivery_id = written.id
-        JOIN released ON released.delivery_id = written.id
-        WHERE written.status = 'pending'
+        FROM written AS w JOIN r ON r.delivery_id = w.id
+        JOIN released ON released.delivery_id = w.id
+        WHERE w.status = 'pending'
     ),
     logged AS (
         INSERT INTO webhook_attempts (
@@ -665,20 +706,17 @@ _RECORD = f"""
             error, response_body, request_headers, response_headers, remote_address, dns_ms,
             connect_ms, tls_ms, first_byte_ms
         )
-        SELECT r.delivery_id, written.endpoint_id, r.attempt_number, r.requested_at,
-               r.duration_ms, r.http_status, r.error, r.response_body,
-               CAST(r.request_headers AS json), CAST(r.response_headers AS json),
+        SELECT r.delivery_id, w.endpoint_id, r.attempt_number, r.requested_at, r.duration_ms,
+               r.http_status, r.error, r.response_body, r.request_headers, r.response_headers,
                r.remote_address, r.dns_ms, r.connect_ms, r.tls_ms, r.first_byte_ms
-        FROM result AS r JOIN written ON written.id = r.delivery_id
+        FROM r JOIN written AS w ON w.id = r.delivery_id
     )
     SELECT r.delivery_id,
-           CASE WHEN written.id IS NOT NULL THEN 'kept'
-                WHEN owned.delivery_id IS NOT NULL THEN 'carried'
-                ELSE 'gone' END,
-           written.status, written.next_attempt_at,
-           locked.consecutive_failures, locked.probing
-    FROM result AS r
-    LEFT JOIN written ON written.id = r.delivery_id
-    LEFT JOIN locked ON locked.id = r.delivery_id
-    LEFT JOIN owned ON owned.delivery_id = r.delivery_id
-"""  # noqa: S608 - constant SQL, put together at import
+           CASE WHEN w.id IS NOT NULL THEN 'kept'
+                WHEN o.delivery_id IS NOT NULL THEN 'carried' ELSE 'gone' END,
+           w.status, w.next_attempt_at, k.consecutive_failures, k.probing
+    FROM r LEFT JOIN written AS w ON w.id = r.delivery_id
+    LEFT JOIN k ON k.id = r.delivery_id
+    LEFT JOIN owned AS o ON o.delivery_id = r.delivery_id
+    """  # noqa: S608 - constant SQL, put together at import
+)
