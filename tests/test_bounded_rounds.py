@@ -222,6 +222,7 @@ def test_a_session_holding_an_endpoint_row_holds_back_no_record(
     mine = api.register(receiver.url)
     theirs = other_api.register(receiver.url)
     worker = start_worker()
+    worker.wait_started()
     url = app_environ["DATABASE_URL"].replace("postgresql+psycopg://", "postgresql://")
     with psycopg.connect(url) as holder:
         holder.execute(
@@ -232,8 +233,9 @@ def test_a_session_holding_an_endpoint_row_holds_back_no_record(
             ours = publish_event(brand_id=api.brand, name="deal.completed", data={"n": 1})
             other = publish_event(brand_id=other_api.brand, name="deal.completed", data={"n": 2})
             db.session.commit()
-        api.wait_delivery(ours.delivery_ids[0], "delivered", timeout=4, worker=worker)
-        other_api.wait_delivery(other.delivery_ids[0], "delivered", timeout=4, worker=worker)
+        # Before, neither was ever recorded while the row was held: the round failed forever.
+        api.wait_delivery(ours.delivery_ids[0], "delivered", timeout=10, worker=worker)
+        other_api.wait_delivery(other.delivery_ids[0], "delivered", timeout=10, worker=worker)
         assert mine["id"] != theirs["id"]
         holder.rollback()
 
@@ -293,10 +295,11 @@ def test_a_record_held_back_within_its_lease_sends_nothing_twice(
     receiver = receivers()
     receiver.reply_with(Reply(hold=gate))
     api.register(receiver.url)
-    first = start_worker()
+    # A timeout well past the hold, so the attempt is answered, not timed out, when the gate opens.
+    first = start_worker(WEBHOOK_TIMEOUT="10")
     [(_, [delivery_id])] = publish(app, brand, ("deal.completed", {"n": 1}))
     receiver.wait_for(1, timeout=20)
-    second = start_worker()
+    second = start_worker(WEBHOOK_TIMEOUT="10")
     second.wait_started()
     with row_held(app_environ, delivery_id):
         gate.set()

@@ -32,6 +32,7 @@ DELIVERY_FIELDS = {
     "deliveredAt",
     "nextRetryAt",
     "createdAt",
+    "heldBehind",
 }
 ATTEMPT_FIELDS = {"attemptNumber", "requestedAt", "durationMs", "httpStatus", "error"}
 

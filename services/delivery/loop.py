@@ -34,12 +34,14 @@ import contextlib
 import functools
 import logging
 import os
+import queue as thread_queue
 import secrets
 import socket
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -104,6 +106,40 @@ class Round:
     unrecorded: list[tuple[Attempt, AttemptOutcome]] = field(default_factory=list)
 
 
+class DatabaseThread(Executor):
+    """One daemon thread that runs the loop's database work in order. Not a ThreadPoolExecutor:
+    the interpreter joins those at exit, so a statement the loop abandoned at a stop would hold
+    the process past its grace."""
+
+    def __init__(self, initializer: Callable[[], None]) -> None:
+        self._work: thread_queue.SimpleQueue = thread_queue.SimpleQueue()
+        self._thread = threading.Thread(
+            target=self._serve, args=(initializer,), name="delivery-db", daemon=True
+        )
+        self._thread.start()
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        future: Future = Future()
+        self._work.put((future, fn, args, kwargs))
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self._work.put(None)
+        if wait:
+            self._thread.join()
+
+    def _serve(self, initializer: Callable[[], None]) -> None:
+        initializer()
+        while (item := self._work.get()) is not None:
+            future, fn, args, kwargs = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as error:  # handed to whoever waits on the future
+                future.set_exception(error)
+
+
 class DeliveryLoop:
     def __init__(self, app: Flask, *, burst: bool = False) -> None:
         settings = app.extensions["settings"]
@@ -132,7 +168,7 @@ class DeliveryLoop:
         self._failing = False  # the last round failed (logged once per outage)
         self._beat_at = 0.0
         self._tasks: set[asyncio.Task] = set()
-        self._db = ThreadPoolExecutor(1, "delivery-db", initializer=self._enter_app)
+        self._db = DatabaseThread(initializer=self._enter_app)
         self._connection: Connection | None = None  # the database thread's, see _session
         self._loop = asyncio.new_event_loop()
         self._wake = asyncio.Event()
