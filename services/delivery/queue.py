@@ -71,9 +71,10 @@ CLOCK = "clock AS (SELECT COALESCE(CAST(%(now)s AS timestamptz), statement_times
 T = "(SELECT t FROM clock)"
 # Each transaction of a round sets its own limits first (a pooler may give the next transaction
 # another server connection: nothing is set for the session), in the same exchange as the rest.
-# Its commit does not wait for the disk: a PostgreSQL crash (not a restart) may lose the last
-# fraction of a second of records and claims, and those deliveries are sent once more; what a
-# publisher commits (the events and their deliveries) is never lost (docs/delivery.md).
+# A round that only records does not wait for the disk: a PostgreSQL crash (not a restart) may
+# lose its last fraction of a second, and those deliveries are sent once more, after their
+# leases. A round that takes attempts turns it back on (in _TAKE's rows): a lost lease would let
+# a second copy go on the wire beside the first (docs/delivery.md).
 LIMITS = RawStatement.of(
     f"SELECT set_config('statement_timeout', '{int(STATEMENT_TIMEOUT_SECONDS * 1000)}', true),"
     f" set_config('lock_timeout', '{int(LOCK_TIMEOUT_SECONDS * 1000)}', true),"
@@ -481,7 +482,8 @@ _TAKE = RawStatement.of(
     ),
     a AS (SELECT * FROM leased UNION ALL SELECT * FROM relet)
     SELECT a.delivery_id, CAST(a.endpoint_id AS text), a.attempt_count, d.event_id, d.event_name,
-           p.url, p.secret_ciphertext, p.previous_secret_ciphertext, v.body, p.failing
+           p.url, p.secret_ciphertext, p.previous_secret_ciphertext, v.body, p.failing,
+           set_config('synchronous_commit', 'on', true)
     FROM a JOIN taken AS t ON t.delivery_id = a.delivery_id
     JOIN endpoint AS p ON p.id = a.endpoint_id
     JOIN webhook_deliveries AS d ON d.id = a.delivery_id
