@@ -191,9 +191,15 @@ def test_a_worker_killed_with_attempts_in_flight_is_replaced_and_delivery_resume
     wait_all_delivered(app, delivery_ids, timeout=90, workers=[successor])
     counts = Counter(r.delivery_id for r in receiver.received)
     assert set(counts) == set(delivery_ids)  # nothing lost
-    twice = {delivery_id for delivery_id, n in counts.items() if n > 1}
-    assert twice <= in_flight_at_kill, (twice - in_flight_at_kill, logs(doomed, successor))
-    assert max(counts.values()) <= 2
+    assert receiver.overlaps() == [], logs(doomed, successor)  # never on the wire twice at once
+    # Every receipt is a logged attempt (a loaded machine's 1 s timeouts are retried, and
+    # logged), or the one the kill cut short before its record: no unexplained copy.
+    for delivery_id, received in counts.items():
+        if received > 1:
+            explained = api.delivery(delivery_id)["attemptCount"] + (
+                delivery_id in in_flight_at_kill
+            )
+            assert received <= explained, (delivery_id, logs(doomed, successor))
 
 
 def test_a_worker_killed_after_the_receiver_answered_and_before_the_record(
