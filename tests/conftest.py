@@ -18,7 +18,7 @@ from services.brands import create_brand
 from services.wakeups import stop_listeners
 from tests.backends import Backends, open_backends
 from tests.browser import LAPTOP, Problems, launched_chromium, open_context, require_browser
-from tests.receiver import Receiver
+from tests.receiver import Receiver, Reply
 from tests.server_process import ServerProcess
 from tests.worker_process import WorkerProcess
 
@@ -197,6 +197,23 @@ def receiver() -> Iterator[Receiver]:
     server = Receiver()
     yield server
     server.close()
+
+
+@pytest.fixture
+def receivers() -> Iterator[Callable[..., Receiver]]:
+    """Receivers made on demand, each answering `default` unless told otherwise; all closed."""
+    made: list[Receiver] = []
+
+    def make(default: Reply | None = None) -> Receiver:
+        server = Receiver()
+        if default is not None:
+            server.default = default
+        made.append(server)
+        return server
+
+    yield make
+    for server in made:
+        server.close()
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,7 @@ from services.events import publish_event
 from services.webhook_endpoints import delete_endpoint, register_endpoint, update_endpoint
 from tests import test_webhook_delivery as delivery
 from tests.bulk_jobs import run_bulk_jobs
-from tests.receiver import Receiver, Reply
+from tests.receiver import Reply
 from tests.test_webhook_delivery import Api, logs, poll, publish
 
 api = delivery.api
@@ -43,22 +43,6 @@ start_worker = delivery.start_worker
 
 BACKLOG = 60_000
 LOCAL = UrlPolicy(https_only=False, allow_local=True)
-
-
-@pytest.fixture
-def receivers():
-    made: list[Receiver] = []
-
-    def make(default: Reply | None = None) -> Receiver:
-        server = Receiver()
-        if default is not None:
-            server.default = default
-        made.append(server)
-        return server
-
-    yield make
-    for server in made:
-        server.close()
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ from services.api_keys import create_api_key
 from services.brands import create_brand
 from tests import test_webhook_delivery as delivery
 from tests.private_servers import PrivatePostgres, PrivateRedis
-from tests.receiver import Receiver, Reply, expected_signature
+from tests.receiver import Reply, expected_signature
 from tests.test_webhook_delivery import Api, logs, poll, publish
 from tests.worker_process import WorkerProcess
 from workers.connection import QUEUES
@@ -104,22 +104,6 @@ def attempts_logged(app, delivery_ids: list[str]) -> Counter:
         ).all()
         db.session.remove()
     return Counter(rows)
-
-
-@pytest.fixture
-def receivers():
-    made: list[Receiver] = []
-
-    def make(default: Reply | None = None) -> Receiver:
-        server = Receiver()
-        if default is not None:
-            server.default = default
-        made.append(server)
-        return server
-
-    yield make
-    for server in made:
-        server.close()
 
 
 # ---------------------------------------------------------------------------------------------
