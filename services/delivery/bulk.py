@@ -96,25 +96,6 @@ _REQUEST = text(
 
 
 @dataclass(frozen=True)
-class JobProgress:
-    kind: str
-    done: int
-    finished: bool
-
-
-def open_jobs(endpoint_id: str) -> list[JobProgress]:
-    """The endpoint's jobs under way (the dashboard shows their progress)."""
-    rows = db.session.execute(
-        text(
-            "SELECT kind, done FROM webhook_bulk_jobs"
-            " WHERE endpoint_id = :endpoint_id AND finished_at IS NULL ORDER BY id"
-        ),
-        {"endpoint_id": endpoint_id},
-    ).all()
-    return [JobProgress(kind=row.kind, done=row.done, finished=False) for row in rows]
-
-
-@dataclass(frozen=True)
 class BatchRun:
     job_id: int
     changed: int

@@ -1,30 +1,17 @@
 """The delivery loop: one per worker process, one loop that re-reads the truth.
 
-    round: record what finished (queue.py `record_attempts`, its own transaction), write what
-           it says of each endpoint's health (health.py, its own transaction), then claim what
-           is due now, up to the free slots (`claim_attempts`, its own transaction), and start
-           those attempts
-    wait:  until an attempt finishes, a wake-up arrives (PostgreSQL NOTIFY: events were
-           published), a walked endpoint's next retry falls due, or the poll interval passes;
-           not at all while the last walk did not get round every endpoint
+    round: in one transaction, record what finished, write what it says of each endpoint's
+           health, and claim what is due, up to the free slots (queue.py
+           `record_and_claim`); then start those attempts
+    wait:  until an attempt finishes, a wake-up arrives (NOTIFY: events were published), a
+           walked endpoint's next retry falls due, or the poll interval passes; not at all
+           while the walks since the last wait have not gone round every endpoint
 
-Everything an attempt depends on is read from the database at its claim. The process keeps only
-what it is doing now: the attempts on the wire and the results not yet recorded, each under a
-lease that outlives it (outcomes.py: `RetryPolicy.lease`). An attempt starts within
-`START_WINDOW_SECONDS` of its claim or not at all, and runs at most the timeout, so no attempt
-is on the wire once its lease has lapsed, and a worker killed at any moment leaves leases that
-lapse by themselves. Each transaction of a round sets its own limits (`SET LOCAL`), so the
-connection carries no session state a pooler could hand to someone else.
-
-Attempts are tasks on an asyncio loop in a thread of its own, over one aiohttp session: a
-receiver that takes 200 ms, or never answers, costs a socket and a timer, not a thread. The
-database work runs on one more thread with one connection, opened by the loop and closed when it
-stops; a round that still takes longer than `ROUND_DEADLINE_SECONDS` (a connection gone
-half-open) has its socket shut, and the next round opens a new connection. Bulk changes run
-beside it, in the same process, on a thread of their own (bulk.py).
-
-If the loop itself dies (a bug), the process exits non-zero saying why, so that its supervisor
-starts it again: a worker that runs RQ and delivers nothing must not look alive.
+The process keeps only what it is doing now: the attempts on the wire and the results not yet
+recorded, each under a lease that outlives it (outcomes.py `RetryPolicy.lease`). Attempts are
+tasks on an asyncio loop in a thread of its own; the database work runs on one more thread with
+one connection, closed when the loop stops; bulk changes run beside it on a thread of their
+own (bulk.py). docs/delivery.md lists the mechanisms and why each exists.
 """
 
 from __future__ import annotations

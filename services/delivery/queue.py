@@ -36,7 +36,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from extensions import db
 from models.bulk_job import END_PENDING
 from models.webhook_delivery import PENDING
-from models.webhook_endpoint import SUBJECT_ORDERING, endpoint_is_open_sql
+from models.webhook_endpoint import endpoint_is_open_sql
 from services.delivery.outcomes import (
     LOCK_TIMEOUT_SECONDS,
     STATEMENT_TIMEOUT_SECONDS,
@@ -133,7 +133,6 @@ ENQUEUE_CTES = """
         JOIN {event_of_delivery}
     )"""
 RECEIVING_COLUMNS = "endpoint.id, endpoint.ordering"
-ENQUEUE_PARAMETERS = {"pending": PENDING, "subject_ordering": SUBJECT_ORDERING}
 
 
 # --- claiming ---------------------------------------------------------------------------------
