@@ -163,9 +163,7 @@ def _postbacks_in_flight(app) -> int:
         return int(count or 0)
 
 
-def test_forged_keys_queue_nowhere_while_every_slot_is_busy(
-    hung_postbacks, make_brand, make_key
-):
+def test_forged_keys_queue_nowhere_while_every_slot_is_busy(hung_postbacks, make_brand, make_key):
     """Measured before: requests were queued in the lane of the brand their URL named, before
     authentication, so forgers naming brand B queued ahead of B's calls, and forgers naming
     random ids got a lane each. Now a forged key is refused before any queue: its 401 comes
@@ -217,9 +215,9 @@ def test_requests_naming_no_brand_wait_in_one_capped_lane(hung_postbacks):
     refused = [future.result() for future in pages if future.done()]
     assert refused == [429] * extra
     # The others waited their bounded time in the lane: 503, the slots still held.
-    assert sorted(future.result() for future in pages) == [429] * extra + [
-        503
-    ] * SHARED_LANE_WAITING
+    assert (
+        sorted(future.result() for future in pages) == [429] * extra + [503] * SHARED_LANE_WAITING
+    )
     assert not any(future.done() for future in holding)
 
 
@@ -280,7 +278,9 @@ def test_an_ipv6_client_is_counted_by_its_64(app_environ, brand, make_key):
         db.engine.dispose()
 
 
-def test_one_brand_with_many_keys_cannot_take_every_long_poll(app, app_environ, make_brand, make_key):
+def test_one_brand_with_many_keys_cannot_take_every_long_poll(
+    app, app_environ, make_brand, make_key
+):
     """Measured before: a brand minted 30 keys, held 10 waits on each, the whole per-process
     cap; another brand's long-poll then got 429 ten times out of ten. Now a brand holds at most
     its share, and the other brand's long-poll waits and is woken."""
