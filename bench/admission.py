@@ -421,7 +421,8 @@ async def _bad_keys(setup: Setup, rate: int, random_ids: bool, stop, stats) -> N
 
 async def _long_polls(setup: Setup, count: int, per_key: int, stop, stats) -> None:
     """`count` long-polls of brand A (wait=30), `per_key` on each key, each sent again as soon
-    as it is answered (a refused one a second later)."""
+    as it is answered; a refused one after its Retry-After, as the issue's clients did (a
+    client that ignores it is a flood of calls, the bad-key attacks' kind)."""
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=60)
     url = f"{setup.base}/api/v1/brand/{setup.attacker}/event/fetch-events"
@@ -442,7 +443,8 @@ async def _long_polls(setup: Setup, count: int, per_key: int, stop, stats) -> No
                         await reply.read()
                         stats[str(reply.status)] += 1
                         if reply.status != 200:
-                            await asyncio.sleep(1 + secrets.randbelow(1000) / 1000)
+                            retry_after = float(reply.headers.get("Retry-After", "1"))
+                            await asyncio.sleep(retry_after + secrets.randbelow(1000) / 1000)
                 except (aiohttp.ClientError, TimeoutError) as error:
                     stats[type(error).__name__] += 1
                     await asyncio.sleep(1)
