@@ -16,12 +16,12 @@ the worker's threads (`limit_waits_to_threads`, from gunicorn.conf.py), `EVENT_W
 one API key, and one brand's fair share however many keys it mints (`brand_share`: half the cap
 while it waits alone, less as other brands wait too). A request is counted only once it is about
 to sleep (`Waiter.admit`): past a cap it is answered at once with 429 `RATE_LIMITED` and
-`Retry-After`, and the threads it would have held stay free for every other call. Retry-After is the wait it
-asked for plus up to as much again at random: at least the wait, so that a refused client loops
-no faster than one that was held, and spread, so that clients refused together (a burst of a
-thousand) do not all come back together, again and again. Counted in the process rather than
-in Redis: the threads are the process's, a count dies with its process, and waiting costs no
-round trip.
+`Retry-After`, and the threads it would have held stay free for every other call. Retry-After is
+the wait it asked for plus up to as much again at random: at least the wait, so that a refused
+client loops no faster than one that was held, and spread, so that clients refused together (a
+burst of a thousand) do not all come back together, again and again. Counted in the process
+rather than in Redis: the threads are the process's, a count dies with its process, and waiting
+costs no round trip.
 """
 
 from __future__ import annotations
