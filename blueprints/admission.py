@@ -50,10 +50,17 @@ def admit() -> None:
     lane = work_slots.SHARED_LANE
     view = current_app.view_functions.get(request.endpoint) if request.endpoint else None
     requirement = requirement_of(view)
+    if _answered_by_flask():  # an OPTIONS Flask answers itself: the view never runs
+        requirement = None
     if requirement is not None:
         lane = authenticate_request(requirement, (request.view_args or {})["brand_id"]).brand_id
         db.session.commit()  # the lookup's connection back to the pool before any wait
     work_slots.take(lane)
+
+
+def _answered_by_flask() -> bool:
+    rule = request.url_rule
+    return request.method == "OPTIONS" and bool(getattr(rule, "provide_automatic_options", False))
 
 
 def read_body_within_deadline(seconds: float) -> None:
