@@ -3,10 +3,9 @@ of requests it holds open.
 
 A gunicorn worker holds many requests at once so that long-polls of the events API can wait
 (services/event_feed.py) without keeping other requests out. Those waiting requests do nothing;
-the ones doing work share the process's CPU and its database pool, and each may need two of
-the pool's connections at once (its session's, and the short one that stamps its API key's
-`lastUsedAt` before issue 42). So every request takes a slot before it runs and gives it back at
-its end, and a long-poll gives its slot back while it waits (`set_aside`).
+the ones doing work share the process's CPU and its database pool, one pooled connection each.
+So every request takes a slot before it runs and gives it back at its end, and a long-poll gives
+its slot back while it waits (`set_aside`).
 
 A request takes its slot only once it has arrived whole and its caller is known
 (blueprints/admission.py): a slow client holds a thread, never a slot. No wait is unbounded: a
