@@ -32,7 +32,15 @@ from services.connections import KEEPALIVES
 from services.secret_box import SecretBox
 
 MAX_BODY_BYTES = 64 * 1024
-ENGINE_OPTIONS = {"pool_pre_ping": True, "pool_size": 10, "max_overflow": 10, "pool_recycle": 1800}
+# pool_timeout: a request waits at most this long for a pooled connection, then is answered 503
+# with Retry-After (blueprints/errors.py), never left waiting for as long as others hold them.
+ENGINE_OPTIONS = {
+    "pool_pre_ping": True,
+    "pool_size": 10,
+    "max_overflow": 10,
+    "pool_recycle": 1800,
+    "pool_timeout": 5,
+}
 # Requests of one process doing work at once; many more may wait (services/work_slots.py).
 WORK_SLOTS_PER_PROCESS = 4
 access_log = logging.getLogger("brand_api.access")
@@ -80,6 +88,7 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
         return app  # no need to import the web's modules
     # Imported here, not above: `flask --app app <command>` never needs them (docs/benchmarks.md,
     # "Command-line start-up").
+    from blueprints.admission import admit
     from blueprints.dashboard.session import DashboardCookieSessions
     from blueprints.errors import register_error_handlers
     from blueprints.metrics import metrics
@@ -93,7 +102,7 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
     register_error_handlers(app)
     work_slots.install(WORK_SLOTS_PER_PROCESS)
     app.before_request(_start_request)
-    app.before_request(_take_work_slot)
+    app.before_request(admit)  # the body, the caller, then a work slot (blueprints/admission.py)
     app.after_request(_finish_request)
     app.teardown_request(work_slots.give_back)
     return app
@@ -116,12 +125,6 @@ def _turn_jit_off(dbapi_connection, connection_record) -> None:
     with dbapi_connection.cursor() as cursor:
         cursor.execute("SET jit = off")
     dbapi_connection.commit()
-
-
-def _take_work_slot() -> None:
-    # A brand's burst queues in its own lane (services/work_slots.py): the brand the route names,
-    # as the caller claims it (a forger queues among that brand's calls, and gets its 401).
-    work_slots.take((request.view_args or {}).get("brand_id") or work_slots.SHARED_LANE)
 
 
 def _start_request() -> None:

@@ -69,6 +69,8 @@ class Settings:
     # /64) and across every client, same form (services/sign_in_throttle.py).
     sign_in_failures_per_address: str
     sign_in_failures_global: str
+    # API requests failing authentication per client address in a moving minute (CONTRACT 13.7).
+    auth_failures_per_minute: int
     # Dashboard sessions end after this many seconds without a request, and this many after
     # sign-in, whichever comes first (CONTRACT 11.3).
     dashboard_session_idle_timeout: int
@@ -130,6 +132,9 @@ class Settings:
                 environ, "SIGN_IN_FAILURES_PER_ADDRESS", "10/minute"
             ),
             sign_in_failures_global=_rate(environ, "SIGN_IN_FAILURES_GLOBAL", "600/minute"),
+            auth_failures_per_minute=_int(
+                environ, "AUTH_FAILURES_PER_MINUTE", 120, minimum=1, maximum=1_000_000
+            ),
             dashboard_session_idle_timeout=_int(
                 environ, "DASHBOARD_SESSION_IDLE_TIMEOUT", 3600, minimum=60, maximum=86400
             ),

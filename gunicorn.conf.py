@@ -24,6 +24,22 @@ from observability.metrics import mark_process_dead
 worker_class = "gthread"
 threads = 256
 
+# Slow and idle clients (issue 42). What gunicorn bounds, and what it cannot:
+# - A request's body is read by the app within a deadline before it takes anything shared
+#   (blueprints/admission.py: 408 after 10 s), so a slow body holds only its own thread.
+# - A new connection that sends nothing holds a thread for at most 5 s (gunicorn's own wait for
+#   first data), then waits in the worker's poller, threadless, and is closed after `keepalive`
+#   seconds; so is a kept-alive connection between requests.
+# - `worker_connections` bounds the connections one worker holds (idle ones included); more wait
+#   in the listen `backlog`, and past that the kernel refuses them.
+# - Headers sent a byte at a time hold their thread for as long as the client likes: gthread
+#   reads them with no deadline and no setting here bounds it. Only a proxy in front that buffers
+#   whole requests (nginx's client_header_timeout and client_body_timeout, deploy/) closes those,
+#   and only it can cap connections per client address.
+keepalive = 2
+worker_connections = 1000
+backlog = 2048
+
 # LOG_FORMAT=json: gunicorn's own lines are JSON objects too, like the app's.
 logconfig_dict = gunicorn_logconfig(os.environ.get("LOG_FORMAT", "text").strip().lower()) or {}
 

@@ -36,6 +36,7 @@ _HTTP_ERROR_CODES = {
     400: ("VALIDATION_ERROR", "The request could not be understood"),
     404: ("NOT_FOUND", "No such route"),
     405: ("METHOD_NOT_ALLOWED", "Method not allowed on this route"),
+    408: ("REQUEST_TIMEOUT", "The request's body did not arrive in time"),
     413: ("PAYLOAD_TOO_LARGE", "Request body exceeds the 64 KiB limit"),
     414: ("VALIDATION_ERROR", "The request's URL is longer than the server reads"),
     415: (
@@ -57,6 +58,7 @@ def register_error_handlers(app: Flask) -> None:
     app.register_error_handler(redis.exceptions.ConnectionError, handle_backing_service_down)
     app.register_error_handler(redis.exceptions.TimeoutError, handle_backing_service_down)
     app.register_error_handler(sqlalchemy.exc.DBAPIError, handle_database_error)
+    app.register_error_handler(sqlalchemy.exc.TimeoutError, handle_pool_exhausted)
     app.register_error_handler(Exception, handle_unexpected)
 
 
@@ -110,6 +112,16 @@ def handle_backing_service_down(error: Exception):
         "A backing service is unavailable; nothing was changed, retry shortly",
         headers={"Retry-After": "5"},
     )
+
+
+def handle_pool_exhausted(_error: sqlalchemy.exc.TimeoutError):
+    """No pooled connection came within the pool's timeout (app.ENGINE_OPTIONS): 503, as for a
+    busy work slot, and the caller comes back in a second."""
+    db.session.rollback()
+    message = "This server is busy; retry after 1 second"
+    if _wants_html():
+        return _html_error(503, message, {"Retry-After": "1"})
+    return failure(503, "SERVICE_UNAVAILABLE", message, headers={"Retry-After": "1"})
 
 
 def handle_database_error(error: sqlalchemy.exc.DBAPIError):

@@ -153,20 +153,22 @@ def _active_key_and_revoked(row) -> tuple[ActiveKey, bool]:
 def record_key_use(key: ActiveKey, now: datetime) -> None:
     """Move lastUsedAt forward when it is older than the resolution.
 
-    Runs on its own short connection so the stamp survives a request that later fails, and the
-    WHERE clause keeps concurrent requests of one key from all writing it.
+    In the request's own transaction, on its one pooled connection: the API commits it as soon
+    as the caller is known, before the request waits for a work slot (blueprints/admission.py),
+    so the stamp survives a request that later fails. The WHERE clause keeps concurrent requests
+    of one key from all writing it.
     """
     if key.last_used_at is not None and now - key.last_used_at < LAST_USED_RESOLUTION:
         return
-    with db.engine.begin() as connection:
-        connection.execute(
-            update(ApiKey)
-            .where(
-                ApiKey.id == key.id,
-                or_(
-                    ApiKey.last_used_at.is_(None),
-                    ApiKey.last_used_at < now - LAST_USED_RESOLUTION,
-                ),
-            )
-            .values(last_used_at=now)
+    db.session.execute(
+        update(ApiKey)
+        .where(
+            ApiKey.id == key.id,
+            or_(
+                ApiKey.last_used_at.is_(None),
+                ApiKey.last_used_at < now - LAST_USED_RESOLUTION,
+            ),
         )
+        .values(last_used_at=now),
+        execution_options={"synchronize_session": False},
+    )

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import NoReturn
 
 from models import credentials
 from models.api_key import READ, WRITE
 from models.columns import utcnow
 from services.api_keys import find_key_by_id, find_key_by_secret, record_key_use
 from services.bootstrap_tokens import find_valid_bootstrap_token
-from services.errors import Forbidden, Unauthorized
+from services.errors import Forbidden, RateLimited, Unauthorized
+from services.rate_limits import AUTH_FAILURES, RateLimiter, client_of
 
 # SPEC section 5 rule 2: anything that does not start with this is refused outright.
 API_KEY_FAMILY_PREFIX = "svc_"
@@ -81,6 +83,31 @@ def authenticate_bootstrap_token(token: str | None, *, now: datetime | None = No
         raise Unauthorized("Invalid, expired or revoked bootstrap token")
     record.last_used_at = now
     return Caller(brand_id=record.brand_id, scopes=frozenset(), bootstrap_token_id=record.id)
+
+
+def refuse_failed_authentication(
+    limiter: RateLimiter | None, address: str, failure: Unauthorized
+) -> NoReturn:
+    """A request from `address` failed authentication: it counts against the address's client
+    (an IPv6 address's /64), and past AUTH_FAILURES_PER_MINUTE in a moving minute it is answered
+    429 instead of 401 (CONTRACT 13.7). A valid key never comes here, so the same address's
+    valid calls go on. Redis unreachable: nothing is counted, the 401 stands (as for the API's
+    own limits, CONTRACT 9.1): a failure costs one indexed lookup and holds nothing shared.
+
+    :raise RateLimited: past the limit.
+    :raise Unauthorized: `failure`, otherwise.
+    """
+    if limiter is not None:
+        try:
+            limiter.count_request(AUTH_FAILURES, client_of(address))
+        except RateLimited as refused:
+            wait = refused.retry_after or 1
+            raise RateLimited(
+                retry_after=wait,
+                message="Too many requests from this address failed authentication; "
+                f"retry after {wait} seconds",
+            ) from None
+    raise failure
 
 
 def authorize(caller: Caller, brand_id: str, scope: str | None) -> None:

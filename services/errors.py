@@ -52,6 +52,10 @@ class ServiceUnavailable(DomainError):
     code = "SERVICE_UNAVAILABLE"
     default_message = "A backing service is unavailable; nothing was changed, retry shortly"
 
+    def __init__(self, message: str | None = None, retry_after: int | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
+
 
 class RateLimited(DomainError):
     code = "RATE_LIMITED"

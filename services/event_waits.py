@@ -12,15 +12,16 @@ Caps
 ----
 A waiting request holds its gunicorn thread (gthread runs a request in one thread until it
 returns), so waits are capped per process: `EVENT_WAITS_PER_PROCESS` in all, never more than half
-the worker's threads (`limit_waits_to_threads`, from gunicorn.conf.py), and
-`EVENT_WAITS_PER_KEY` of one API key. A request is counted only once it is about to sleep
-(`Waiter.admit`): past a cap it is answered at once with 429 `RATE_LIMITED` and `Retry-After`,
-and the threads it would have held stay free for every other call. Retry-After is the wait it
-asked for plus up to as much again at random: at least the wait, so that a refused client loops
-no faster than one that was held, and spread, so that clients refused together (a burst of a
-thousand) do not all come back together, again and again. Counted in the process rather than
-in Redis: the threads are the process's, a count dies with its process, and waiting costs no
-round trip.
+the worker's threads (`limit_waits_to_threads`, from gunicorn.conf.py), `EVENT_WAITS_PER_KEY` of
+one API key, and one brand's fair share however many keys it mints (`brand_share`: half the cap
+while it waits alone, less as other brands wait too). A request is counted only once it is about
+to sleep (`Waiter.admit`): past a cap it is answered at once with 429 `RATE_LIMITED` and
+`Retry-After`, and the threads it would have held stay free for every other call. Retry-After is
+the wait it asked for plus up to as much again at random: at least the wait, so that a refused
+client loops no faster than one that was held, and spread, so that clients refused together (a
+burst of a thousand) do not all come back together, again and again. Counted in the process
+rather than in Redis: the threads are the process's, a count dies with its process, and waiting
+costs no round trip.
 """
 
 from __future__ import annotations
@@ -42,23 +43,37 @@ from services.wakeups import WakeupListener, listener_for
 UNHEARD_POLL_SECONDS = 1.0
 
 
+def brand_share(per_process: int, other_brands: int) -> int:
+    """How many of a process's `per_process` waits one brand may hold while `other_brands`
+    brands hold some too: never all of them, so that a brand that holds none always finds room
+    (keys are free to mint, so a per-key cap alone bounds nothing)."""
+    return max(1, per_process // (other_brands + 2))
+
+
 class WaitCounts:
-    """This process's waiting requests, in all and per API key."""
+    """This process's waiting requests, in all, per brand and per API key."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._total = 0
         self._by_key: dict[str, int] = {}
+        self._by_brand: dict[str, int] = {}
 
-    def admit(self, key_id: str, *, per_key: int, per_process: int, retry_after: int) -> None:
-        """Count one more waiting request of `key_id`.
+    def admit(
+        self, brand_id: str, key_id: str, *, per_key: int, per_process: int, retry_after: int
+    ) -> None:
+        """Count one more waiting request of `key_id`, a key of `brand_id`.
 
-        :raise RateLimited: the key, or the process, already has as many as its cap.
+        :raise RateLimited: the key, the brand or the process already has as many as its cap.
         """
         with self._lock:
             held = self._by_key.get(key_id, 0)
-            if held < per_key and self._total < per_process:
+            brand_held = self._by_brand.get(brand_id, 0)
+            others = len(self._by_brand) - (1 if brand_held else 0)
+            share = brand_share(per_process, others)
+            if held < per_key and brand_held < share and self._total < per_process:
                 self._by_key[key_id] = held + 1
+                self._by_brand[brand_id] = brand_held + 1
                 self._total += 1
                 EVENT_WAITS.inc()
                 return
@@ -67,6 +82,12 @@ class WaitCounts:
             refused = (
                 f"This API key already has {held} long-polls waiting on the server that took "
                 "this request"
+            )
+        elif brand_held >= share:
+            limit = "event_waits_per_brand"
+            refused = (
+                f"This brand already has {brand_held} long-polls waiting on the server that "
+                "took this request, its share while other brands wait there too"
             )
         else:
             limit = "event_waits_per_process"
@@ -80,22 +101,26 @@ class WaitCounts:
             message=f"{refused}; retry after {retry_after} seconds",
         )
 
-    def release(self, key_id: str) -> None:
+    def release(self, brand_id: str, key_id: str) -> None:
         with self._lock:
             self._total -= 1
             EVENT_WAITS.dec()
-            held = self._by_key.pop(key_id) - 1
-            if held:
-                self._by_key[key_id] = held
+            for counts, name in ((self._by_key, key_id), (self._by_brand, brand_id)):
+                held = counts.pop(name) - 1
+                if held:
+                    counts[name] = held
 
 
 class Waiter:
     """One waiting request's flag, and its place among the process's waits once admitted."""
 
-    def __init__(self, listener: WakeupListener, key_id: str, seconds: float) -> None:
+    def __init__(
+        self, listener: WakeupListener, brand_id: str, key_id: str, seconds: float
+    ) -> None:
         self._flag = threading.Event()
         self._listener = listener
         self.stopping = False
+        self.brand_id = brand_id
         self.key_id = key_id
         self.seconds = seconds
         self.admitted = False
@@ -112,6 +137,7 @@ class Waiter:
         per_key, per_process = wait_caps()
         wait = max(1, math.ceil(self.seconds))
         _counts.admit(
+            self.brand_id,
             self.key_id,
             per_key=per_key,
             per_process=per_process,
@@ -168,7 +194,7 @@ class BrandWaiters:
 
     @contextmanager
     def waiting(self, brand_id: str, key_id: str, seconds: float) -> Iterator[Waiter]:
-        waiter = Waiter(self.listener, key_id, seconds)
+        waiter = Waiter(self.listener, brand_id, key_id, seconds)
         with self._lock:
             waiter.stopping = self._stopping
             self._by_brand.setdefault(brand_id, set()).add(waiter)
@@ -182,7 +208,7 @@ class BrandWaiters:
                     if not waiters:
                         del self._by_brand[brand_id]
             if waiter.admitted:
-                _counts.release(key_id)
+                _counts.release(brand_id, key_id)
 
 
 _registries: dict[int, BrandWaiters] = {}

@@ -8,6 +8,7 @@ its Lua scripts. Redis unreachable: the request is allowed, counted and logged, 
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import math
 import threading
@@ -31,11 +32,30 @@ POSTBACK = "postback"
 # (services/sign_in_throttle.py).
 SIGN_IN_FAILURES = "sign_in_failures"
 SIGN_IN_FAILURES_GLOBAL = "sign_in_failures_global"
+# API requests that failed authentication, per client (services.authentication; CONTRACT 13.7).
+AUTH_FAILURES = "auth_failures"
+IPV6_CLIENT_PREFIX = 64
 KEY_PREFIX = "brand-api:rate"
 # After Redis fails, requests go unchecked this long before it is asked again, so that a hung
 # Redis costs one short timeout per process and interval, not one per request.
 UNAVAILABLE_BACKOFF_SECONDS = 5.0
 REDIS_TIMEOUT_SECONDS = 0.25
+
+
+def client_of(address: str) -> str:
+    """What a failure from `address` counts against: an IPv4 address itself (an IPv4-mapped
+    IPv6 address as that IPv4 address), an IPv6 address its /64, anything else as it is. One
+    home or server is handed a whole /64 and can send from any of its 2^64 addresses, so
+    counting each would count nothing."""
+    try:
+        parsed = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return address
+    if isinstance(parsed, ipaddress.IPv6Address):
+        if parsed.ipv4_mapped is not None:
+            return str(parsed.ipv4_mapped)
+        return str(ipaddress.IPv6Network((parsed, IPV6_CLIENT_PREFIX), strict=False))
+    return str(parsed)
 
 
 class _OneTripRedisStorage(RedisStorage):

@@ -3,23 +3,25 @@ refused before any key or token is checked once too many failed (CONTRACT 7; doc
 
 Counted twice in Redis, with the API's rate limiter, and only failures: per client, and across
 every client against a ceiling of its own, so that many addresses cannot add up to an open door.
-A client is an IPv4 address, or an IPv6 address's /64: one home or server is handed a whole /64
-and can send from any of its 2^64 addresses, so counting each would count nothing. Redis
+A client is an IPv4 address, or an IPv6 address's /64 (`services.rate_limits.client_of`). Redis
 unreachable: nothing is counted or refused, as for the API.
 """
 
 from __future__ import annotations
 
-import ipaddress
 from contextlib import suppress
 from dataclasses import dataclass
 
 from services.errors import RateLimited
-from services.rate_limits import SIGN_IN_FAILURES, SIGN_IN_FAILURES_GLOBAL, RateLimiter
+from services.rate_limits import (
+    SIGN_IN_FAILURES,
+    SIGN_IN_FAILURES_GLOBAL,
+    RateLimiter,
+    client_of,
+)
 
 # The one identifier the global ceiling counts under.
 EVERY_CLIENT = "*"
-IPV6_CLIENT_PREFIX = 64
 
 
 @dataclass(frozen=True)
@@ -28,24 +30,10 @@ class Refusal:
     everyone: bool  # the global ceiling is reached, not this client's own count
 
 
-def sign_in_client(address: str) -> str:
-    """What a failure from `address` counts against: an IPv4 address itself (an IPv4-mapped
-    IPv6 address as that IPv4 address), an IPv6 address its /64, anything else as it is."""
-    try:
-        parsed = ipaddress.ip_address(address.split("%", 1)[0])
-    except ValueError:
-        return address
-    if isinstance(parsed, ipaddress.IPv6Address):
-        if parsed.ipv4_mapped is not None:
-            return str(parsed.ipv4_mapped)
-        return str(ipaddress.IPv6Network((parsed, IPV6_CLIENT_PREFIX), strict=False))
-    return str(parsed)
-
-
 def sign_in_refusal(limiter: RateLimiter, address: str) -> Refusal | None:
     """Without counting anything: whether a sign-in from `address` is refused now, and for how
     long (the longer wait when both counts are used up)."""
-    own = limiter.seconds_until_allowed(SIGN_IN_FAILURES, sign_in_client(address))
+    own = limiter.seconds_until_allowed(SIGN_IN_FAILURES, client_of(address))
     everyone = limiter.seconds_until_allowed(SIGN_IN_FAILURES_GLOBAL, EVERY_CLIENT)
     if everyone is not None and (own is None or everyone >= own):
         return Refusal(retry_after=everyone, everyone=True)
@@ -57,7 +45,7 @@ def sign_in_refusal(limiter: RateLimiter, address: str) -> Refusal | None:
 def count_failed_sign_in(limiter: RateLimiter, address: str) -> None:
     """One more failure from `address`, in its client's count and in everyone's."""
     for name, identifier in (
-        (SIGN_IN_FAILURES, sign_in_client(address)),
+        (SIGN_IN_FAILURES, client_of(address)),
         (SIGN_IN_FAILURES_GLOBAL, EVERY_CLIENT),
     ):
         with suppress(RateLimited):  # this failure used up the limit: the next try is refused

@@ -3,20 +3,25 @@ of requests it holds open.
 
 A gunicorn worker holds many requests at once so that long-polls of the events API can wait
 (services/event_feed.py) without keeping other requests out. Those waiting requests do nothing;
-the ones doing work share the process's CPU and its database pool, and each may need two of
-the pool's connections at once (its session's, and the short one that stamps its API key's
-`lastUsedAt`). Unbounded, a burst of requests takes every pooled connection for its sessions and
-then waits forever for the second one. So every request takes a slot before it runs and gives it
-back at its end, and a long-poll gives its slot back while it waits (`set_aside`).
+the ones doing work share the process's CPU and its database pool, one pooled connection each.
+So every request takes a slot before it runs and gives it back at its end, and a long-poll gives
+its slot back while it waits (`set_aside`).
+
+A request takes its slot only once it has arrived whole and its caller is known
+(blueprints/admission.py): a slow client holds a thread, never a slot. No wait is unbounded: a
+request that waits `SLOT_WAIT_SECONDS` for its slot is answered 503 with `Retry-After`, and the
+lane of requests that name no brand (the dashboard, the docs) holds at most
+`SHARED_LANE_WAITING` waiting requests: one more is answered 429 at once.
 
 `WORK_SLOTS_PER_PROCESS` (app.py) is what the worker's threads were before long-polls: the figure
 the postback benchmark chose (docs/benchmarks.md), well under half the pool.
 
-Requests waiting for a slot queue in lanes, one per brand the route names, and a freed slot goes
+Requests waiting for a slot queue in lanes, one per authenticated brand, and a freed slot goes
 to the next lane in turn (round robin), handed over directly so that no newcomer takes it first.
 One brand's burst (a thousand long-polls refused and retried, a backfill of postbacks) then
 lengthens only its own lane: another brand's call waits for one slot to come free, not for the
-whole burst ahead of it (docs/benchmarks.md, "A lane per brand at the work slots").
+whole burst ahead of it (docs/benchmarks.md, "A lane per brand at the work slots"; why the
+lanes stay: docs/decisions.md, "Admission").
 """
 
 from __future__ import annotations
@@ -27,8 +32,17 @@ from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-# Requests that name no brand (the dashboard's pages, the docs, health checks) share a lane.
+from services.errors import RateLimited, ServiceUnavailable
+
+# Requests that name no brand (the dashboard's pages, the docs) share a lane.
 SHARED_LANE = ""
+# How long a request may wait for its slot before it is answered 503; a second is plenty to come
+# back after, as a slot frees every few milliseconds when the process is healthy.
+SLOT_WAIT_SECONDS = 10.0
+SLOT_RETRY_AFTER_SECONDS = 1
+# Requests waiting in the shared lane at once, per process: nothing authenticated them, so they
+# may not pile up (a flood of sign-in forms).
+SHARED_LANE_WAITING = 32
 
 
 class WorkSlots:
@@ -41,20 +55,54 @@ class WorkSlots:
         # Per request (a thread under gthread, a greenlet under gevent: gevent patches this).
         self._held = threading.local()
 
-    def take(self, lane: str = SHARED_LANE) -> None:
+    def take(
+        self,
+        lane: str = SHARED_LANE,
+        *,
+        timeout: float | None = None,
+        lane_cap: int | None = None,
+    ) -> None:
         """Wait for a free slot, in `lane`'s turn; the current request holds it until
-        `give_back`."""
+        `give_back`.
+
+        :raise RateLimited: `lane` already has `lane_cap` requests waiting.
+        :raise ServiceUnavailable: no slot came within `timeout` seconds.
+        """
         with self._lock:
             if self._free and not self._lanes:
                 self._free -= 1
                 turn = None
             else:
+                waiting = self._lanes.get(lane)
+                if lane_cap is not None and waiting is not None and len(waiting) >= lane_cap:
+                    raise RateLimited(
+                        retry_after=SLOT_RETRY_AFTER_SECONDS,
+                        message="This server has as many unauthenticated requests waiting as it "
+                        f"takes; retry after {SLOT_RETRY_AFTER_SECONDS} second",
+                    )
                 turn = threading.Event()
                 self._lanes.setdefault(lane, deque()).append(turn)
-        if turn is not None:
-            turn.wait()  # give_back handed this request its slot
+        if turn is not None and not turn.wait(timeout):
+            self._leave(lane, turn)
         self._held.slot = True
         self._held.lane = lane
+
+    def _leave(self, lane: str, turn: threading.Event) -> None:
+        """A wait timed out: out of its lane, unless give_back handed it the slot meanwhile.
+
+        :raise ServiceUnavailable: it left without a slot.
+        """
+        with self._lock:
+            waiting = self._lanes.get(lane)
+            if waiting is not None and turn in waiting:
+                waiting.remove(turn)
+                if not waiting:
+                    del self._lanes[lane]
+                raise ServiceUnavailable(
+                    f"This server is busy; retry after {SLOT_RETRY_AFTER_SECONDS} second",
+                    retry_after=SLOT_RETRY_AFTER_SECONDS,
+                )
+        # Not in its lane any more: give_back handed it the slot just as it timed out.
 
     def give_back(self) -> None:
         """Free the current request's slot, if it holds one: to the next lane's oldest waiting
@@ -88,7 +136,7 @@ class WorkSlots:
             yield
         finally:
             if held:
-                self.take(lane)
+                self.take(lane, timeout=SLOT_WAIT_SECONDS)
 
 
 _size: int | None = None
@@ -111,11 +159,16 @@ def _current() -> WorkSlots | None:
 
 
 def take(lane: str = SHARED_LANE) -> None:
-    """Before a request runs: wait for a free slot, in `lane`'s turn (app.py: the brand its
-    route names)."""
+    """Before a request runs: wait for a free slot, in `lane`'s turn (the authenticated brand,
+    blueprints/admission.py), at most `SLOT_WAIT_SECONDS`; the shared lane is capped.
+
+    :raise RateLimited: the shared lane is full.
+    :raise ServiceUnavailable: no slot within `SLOT_WAIT_SECONDS`.
+    """
     slots = _current()
     if slots is not None:
-        slots.take(lane)
+        cap = SHARED_LANE_WAITING if lane == SHARED_LANE else None
+        slots.take(lane, timeout=SLOT_WAIT_SECONDS, lane_cap=cap)
 
 
 def give_back(_error: BaseException | None = None) -> None:

@@ -67,6 +67,8 @@ def app_environ(backends) -> dict[str, str]:
         # tests of sign-in throttling use the default on addresses of their own.
         "SIGN_IN_FAILURES_PER_ADDRESS": "100000/minute",
         "SIGN_IN_FAILURES_GLOBAL": "100000/minute",
+        # Likewise the API's failed authentications (CONTRACT 13.7): tests of it set their own.
+        "AUTH_FAILURES_PER_MINUTE": "100000",
     }
 
 

@@ -34,8 +34,8 @@ def capped(app, app_environ) -> Iterator[ServerProcess]:
         workers=1,
         threads=None,
         worker_class=None,
-        EVENT_WAITS_PER_KEY="3",
-        EVENT_WAITS_PER_PROCESS="5",
+        EVENT_WAITS_PER_KEY="2",
+        EVENT_WAITS_PER_PROCESS="6",
     )
     yield process
     process.stop()
@@ -144,12 +144,12 @@ def test_a_key_past_its_wait_cap_is_refused_at_once_and_its_other_waits_are_woke
 ):
     key, other = Client(capped, brand, make_key(brand)), Client(capped, brand, make_key(brand))
     after = publish(app, brand)
-    held = Waits([(key, after)] * 3 + [(other, after)])
-    waiting_on(capped, 4)  # all four wait: under both caps
+    held = Waits([(key, after)] * 2 + [(other, after)])
+    waiting_on(capped, 3)  # all three wait: under every cap (the brand's share is 3 of 6)
 
     started = time.monotonic()
     refused = key.wait(after)
-    assert_refused_at_once(refused, started, "This API key already has 3 long-polls waiting")
+    assert_refused_at_once(refused, started, "This API key already has 2 long-polls waiting")
 
     event_id = publish(app, brand)
     for answer in held.all():
@@ -163,15 +163,24 @@ def test_a_key_past_its_wait_cap_is_refused_at_once_and_its_other_waits_are_woke
     assert again.all()[0].status == 200
 
 
-def test_a_process_past_its_wait_cap_refuses_every_key_at_once_and_wakes_its_waits(
-    app, capped, brand, make_key
+def test_a_process_past_its_wait_cap_refuses_every_brand_at_once_and_wakes_its_waits(
+    app, capped, make_brand, make_key
 ):
-    first, second, third = (Client(capped, brand, make_key(brand)) for _ in range(3))
-    older = publish(app, brand)
-    after = publish(app, brand)
-    held = Waits([(first, after)] * 3 + [(second, after)] * 2)
-    waiting_on(capped, 5)  # the process's cap
+    brands = [make_brand(f"Brand {number}") for number in range(4)]
+    afters = {brand: publish(app, brand) for brand in brands[:3]}
+    # Brands arriving one after another take their shares: 6 // 2, 6 // 3 and 6 // 4 of the
+    # process's 6 waits, which fills it.
+    first, second = (Client(capped, brands[0], make_key(brands[0])) for _ in range(2))
+    held = [Waits([(first, afters[brands[0]])] * 2 + [(second, afters[brands[0]])])]
+    waiting_on(capped, 3)
+    held.append(Waits([(Client(capped, brands[1], make_key(brands[1])), afters[brands[1]])] * 2))
+    waiting_on(capped, 5)
+    held.append(Waits([(Client(capped, brands[2], make_key(brands[2])), afters[brands[2]])]))
+    waiting_on(capped, 6)  # the process's cap
 
+    third = Client(capped, brands[3], make_key(brands[3]))
+    older = publish(app, brands[3])
+    after = publish(app, brands[3])
     started = time.monotonic()
     refused = third.wait(after)
     assert_refused_at_once(refused, started, "as many long-polls waiting as it may")
@@ -180,20 +189,23 @@ def test_a_process_past_its_wait_cap_refuses_every_key_at_once_and_wakes_its_wai
     assert readable.status == 200
     assert [event["id"] for event in readable.body["data"]["events"]] == [after]
 
-    event_id = publish(app, brand)
-    for answer in held.all():
-        assert answer.status == 200, answer.body
-        assert [event["id"] for event in answer.body["data"]["events"]] == [event_id]
+    for brand, waits in zip(brands, held, strict=False):
+        event_id = publish(app, brand)
+        for answer in waits.all():
+            assert answer.status == 200, answer.body
+            assert [event["id"] for event in answer.body["data"]["events"]] == [event_id]
 
 
 def test_with_the_default_caps_waits_never_take_the_threads_normal_calls_need(
     app, app_environ, brand, make_key
 ):
     """More long-polls than the worker has threads (gunicorn.conf.py's 256), from keys each
-    asking for one more than its cap: the worker keeps threads for everyone else's calls."""
+    asking for one more than its cap: the brand waits on its share, half the process's waits,
+    and the worker keeps threads for everyone else's calls."""
     keys_count = DEFAULT_EVENT_WAITS_PER_PROCESS // DEFAULT_EVENT_WAITS_PER_KEY + 15
     per_key = DEFAULT_EVENT_WAITS_PER_KEY + 1
     assert keys_count * per_key > 256
+    share = DEFAULT_EVENT_WAITS_PER_PROCESS // 2
     server = ServerProcess(app_environ, workers=1, threads=None, worker_class=None)
     try:
         clients = [Client(server, brand, make_key(brand)) for _ in range(keys_count)]
@@ -201,13 +213,13 @@ def test_with_the_default_caps_waits_never_take_the_threads_normal_calls_need(
         waits = Waits([(client, after) for client in clients for _ in range(per_key)])
         total = keys_count * per_key
         # Every answer before the publish is a refusal: an admitted wait ends only with it.
-        refused = waits.until_answered(total - DEFAULT_EVENT_WAITS_PER_PROCESS, within=WAIT - 5)
-        assert len(refused) == total - DEFAULT_EVENT_WAITS_PER_PROCESS
-        waiting_on(server, DEFAULT_EVENT_WAITS_PER_PROCESS)
+        refused = waits.until_answered(total - share, within=WAIT - 5)
+        assert len(refused) == total - share
+        waiting_on(server, share)
         assert {answer.status for answer in refused} == {429}
 
         # A key that was refused, and every other, still gets its normal calls answered while
-        # the process holds as many waits as it may.
+        # the process holds the brand's waits.
         for client in (clients[0], clients[-1]):
             listed = client.fetch_keys()
             assert listed.status == 200, listed.body
@@ -215,31 +227,35 @@ def test_with_the_default_caps_waits_never_take_the_threads_normal_calls_need(
 
         event_id = publish(app, brand)
         woken = [answer for answer in waits.all() if answer.status == 200]
-        assert len(woken) == DEFAULT_EVENT_WAITS_PER_PROCESS
+        assert len(woken) == share
         assert {answer.body["data"]["events"][0]["id"] for answer in woken} == {event_id}
     finally:
         server.stop()
 
 
 def test_a_worker_with_few_threads_lets_waits_take_at_most_half_of_them(
-    app, app_environ, brand, make_key
+    app, app_environ, make_brand, make_key
 ):
     """Whatever EVENT_WAITS_PER_PROCESS says, a gthread worker started with fewer threads than
     gunicorn.conf.py's keeps half of them for normal calls."""
     server = ServerProcess(app_environ, workers=1, threads=8)
     try:
-        clients = [Client(server, brand, make_key(brand)) for _ in range(4)]
-        after = publish(app, brand)
-        waits = Waits([(client, after) for client in clients for _ in range(2)])
-        refused = waits.until_answered(4, within=WAIT - 5)
-        assert [answer.status for answer in refused] == [429] * 4
-        waiting_on(server, 4)
-        assert "as many long-polls waiting as it may (4)" in refused[0].body["message"]
-        assert clients[0].fetch_keys().status == 200
-        assert len(waits.answered()) == 4
+        brands = [make_brand(f"Brand {number}") for number in range(5)]
+        clients = [Client(server, brand, make_key(brand)) for brand in brands]
+        afters = [publish(app, brand) for brand in brands]
+        waits = []
+        for number in range(4):  # a brand each: every one within its share
+            waits.append(Waits([(clients[number], afters[number])]))
+            waiting_on(server, number + 1)
+        refused = clients[4].wait(afters[4])
+        assert refused.status == 429
+        assert "as many long-polls waiting as it may (4)" in refused.body["message"]
+        assert clients[4].fetch_keys().status == 200
 
-        event_id = publish(app, brand)
-        woken = [answer for answer in waits.all() if answer.status == 200]
-        assert [answer.body["data"]["events"][0]["id"] for answer in woken] == [event_id] * 4
+        for brand, waiting in zip(brands, waits, strict=False):
+            event_id = publish(app, brand)
+            [answer] = waiting.all()
+            assert answer.status == 200, answer.body
+            assert answer.body["data"]["events"][0]["id"] == event_id
     finally:
         server.stop()

@@ -8,8 +8,10 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 import requests
 
+from services.errors import RateLimited, ServiceUnavailable
 from services.work_slots import WorkSlots
 from tests.server_process import ServerProcess
 
@@ -102,3 +104,30 @@ def test_a_brands_burst_queues_in_its_own_lane_and_another_brand_goes_next():
     assert order.index("neighbour") == 1  # after the flood's oldest, before its 19 others
     # Within a lane, first come first served.
     assert [name for name in order if name != "neighbour"] == [f"flood {n}" for n in range(20)]
+
+
+def test_a_wait_for_a_slot_is_bounded_and_the_shared_lane_capped():
+    """Past its timeout a waiting request leaves its lane with 503 (the slot it never got is not
+    lost), and a full lane refuses one more at once with 429."""
+    slots = WorkSlots(1)
+    slots.take()
+    with pytest.raises(ServiceUnavailable) as busy:
+        slots.take("brd_waiting", timeout=0.1)
+    assert busy.value.retry_after == 1
+    assert slots.waiting() == 0
+
+    first = threading.Thread(target=_take_and_give_back, args=(slots, "shared"), daemon=True)
+    first.start()
+    while slots.waiting() < 1:
+        time.sleep(0.005)
+    with pytest.raises(RateLimited):
+        slots.take("shared", timeout=5, lane_cap=1)
+    slots.give_back()
+    first.join(5)
+    slots.take(timeout=5)  # the one slot, free again
+    slots.give_back()
+
+
+def _take_and_give_back(slots: WorkSlots, lane: str) -> None:
+    slots.take(lane)
+    slots.give_back()

@@ -1,7 +1,10 @@
 """The one authentication decorator of the JSON API (SPEC section 5).
 
-It reads the credential from the headers, asks the authentication service who is calling and
-whether they may act on the brand in the path, and leaves the answer in `current_caller()`.
+The decorator records what a view requires; `authenticate_request` enforces it before the
+request takes any work slot (blueprints/admission.py): it reads the credential from the
+headers, asks the authentication service who is calling and whether they may act on the brand
+in the path, and leaves the answer in `current_caller()`. A failure counts against the client's
+address (CONTRACT 13.7).
 """
 
 from __future__ import annotations
@@ -18,10 +21,12 @@ from services.authentication import (
     authenticate_api_key,
     authenticate_bootstrap_token,
     authorize,
+    refuse_failed_authentication,
 )
 from services.errors import RateLimited, Unauthorized
 from services.rate_limits import (
     API,
+    AUTH_FAILURES,
     POSTBACK,
     SIGN_IN_FAILURES,
     SIGN_IN_FAILURES_GLOBAL,
@@ -52,19 +57,45 @@ def authenticate(*, scope: str | None = None, bootstrap_token: bool = False, rat
     def decorator(view):
         @functools.wraps(view)
         def authenticated_view(*args, **kwargs):
-            if bootstrap_token:
-                caller = authenticate_bootstrap_token(_presented_bootstrap_token())
-            else:
-                caller = authenticate_api_key(_presented_api_key())
-            g.caller = caller
-            _count_request(rate_limit, caller)
-            authorize(caller, kwargs["brand_id"], scope)
+            if g.get("authenticated_by") is not requirement:  # admission did it already
+                authenticate_request(requirement, kwargs["brand_id"])
             return view(*args, **kwargs)
 
         vars(authenticated_view)["auth"] = requirement  # a function attribute: mypy types none
         return authenticated_view
 
     return decorator
+
+
+def requirement_of(view) -> AuthRequirement | None:
+    """What `@authenticate` recorded on a view; None for a view that needs no credential."""
+    return vars(view).get("auth") if view is not None else None
+
+
+def authenticate_request(requirement: AuthRequirement, brand_id: str) -> Caller:
+    """Who is calling, counted against their rate limit and allowed on `brand_id`.
+
+    :raise Unauthorized: no valid credential (counted against the client's address).
+    :raise RateLimited: the credential's rate limit, or the address's failures, used up.
+    :raise Forbidden: another brand's credential, or a scope it lacks.
+    """
+    try:
+        if requirement.bootstrap_token:
+            caller = authenticate_bootstrap_token(_presented_bootstrap_token())
+        else:
+            caller = authenticate_api_key(_presented_api_key())
+    except Unauthorized as failure:
+        refuse_failed_authentication(rate_limiter(), client_address(), failure)
+    g.caller = caller
+    _count_request(requirement.rate_limit, caller)
+    authorize(caller, brand_id, requirement.scope)
+    g.authenticated_by = requirement
+    return caller
+
+
+def client_address() -> str:
+    """The peer's address: behind a proxy, the proxy must hand the client's address on (docs)."""
+    return request.remote_addr or "unknown"
 
 
 def current_caller() -> Caller:
@@ -98,6 +129,7 @@ def rate_limiter() -> RateLimiter | None:
                 POSTBACK: settings.postback_rate_limit_per_key,
                 SIGN_IN_FAILURES: settings.sign_in_failures_per_address,
                 SIGN_IN_FAILURES_GLOBAL: settings.sign_in_failures_global,
+                AUTH_FAILURES: f"{settings.auth_failures_per_minute}/minute",
             },
         )
         app.extensions["rate_limiter"] = limiter

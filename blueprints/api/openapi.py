@@ -125,7 +125,9 @@ _ERROR_RESPONSES = {
     ),
     "RateLimited": (
         429,
-        "RATE_LIMITED: too many requests for this key; retry after `Retry-After` seconds.",
+        "RATE_LIMITED: too many requests for this key, or too many requests from this address "
+        "that failed authentication (`AUTH_FAILURES_PER_MINUTE`, default 120: then without "
+        "`RateLimit-*`); retry after `Retry-After` seconds.",
         (*_KEYED, RETRY_AFTER),
     ),
     "InternalError": (
@@ -135,8 +137,8 @@ _ERROR_RESPONSES = {
     ),
     "ServiceUnavailable": (
         503,
-        "SERVICE_UNAVAILABLE: database or Redis unreachable; nothing was changed, retry after "
-        "`Retry-After` seconds.",
+        "SERVICE_UNAVAILABLE: database or Redis unreachable, or the server too busy to start "
+        "the request in time; nothing was changed, retry after `Retry-After` seconds.",
         ("X-Request-Id", RETRY_AFTER),
     ),
 }

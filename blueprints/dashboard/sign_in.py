@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from flask import flash, redirect, request, session, url_for
 
-from blueprints.api.auth import rate_limiter
+from blueprints.api.auth import client_address, rate_limiter
 from blueprints.dashboard import dashboard, one_time
 from blueprints.dashboard.rendering import load_form, render
 from blueprints.dashboard.session import end_session, safe_next, signed_in, start_session
@@ -75,18 +75,13 @@ def sign_in_with_key():
 
 def _sign_in_refusal() -> Refusal | None:
     limiter = rate_limiter()
-    return None if limiter is None else sign_in_refusal(limiter, _client_address())
+    return None if limiter is None else sign_in_refusal(limiter, client_address())
 
 
 def _count_failed_sign_in() -> None:
     limiter = rate_limiter()
     if limiter is not None:
-        count_failed_sign_in(limiter, _client_address())
-
-
-def _client_address() -> str:
-    # The peer's address: behind a proxy, the proxy must hand the client's address on (docs).
-    return request.remote_addr or "unknown"
+        count_failed_sign_in(limiter, client_address())
 
 
 def _too_many_failures(template: str, refusal: Refusal, **context):
