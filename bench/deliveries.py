@@ -153,6 +153,44 @@ async def _serve_receiver() -> None:
     server.close()
 
 
+def _serve_otlp_sink() -> None:
+    """A collector stand-in for `--tracing`: takes each OTLP/HTTP export (POST /v1/traces),
+    answers 200 at once, and counts exports and bytes (GET /_stats); it decodes nothing."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    counts = {"exports": 0, "bytes": 0}
+    lock = threading.Lock()
+
+    class Sink(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            size = len(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+            with lock:
+                counts["exports"] += 1
+                counts["bytes"] += size
+            self._answer(b"")
+
+        def do_GET(self) -> None:
+            with lock:
+                self._answer(json.dumps(counts).encode())
+
+        def _answer(self, body: bytes) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    print(server.server_address[1], flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
+    server.serve_forever()
+
+
 # --------------------------------------------------------------------------------------------
 # Processes
 # --------------------------------------------------------------------------------------------
@@ -162,6 +200,17 @@ def start_receiver(processes: Processes) -> str:
     process = processes.start(
         "receiver",
         [sys.executable, str(Path(__file__).resolve()), "--receiver"],
+        dict(os.environ),
+        stdout=subprocess.PIPE,
+    )
+    port = int(process.stdout.readline())
+    return f"http://127.0.0.1:{port}"
+
+
+def start_otlp_sink(processes: Processes) -> str:
+    process = processes.start(
+        "otlp-sink",
+        [sys.executable, str(Path(__file__).resolve()), "--otlp-sink"],
         dict(os.environ),
         stdout=subprocess.PIPE,
     )
@@ -373,6 +422,11 @@ def run(args, workdir: Path, processes: Processes) -> dict:
             raise RuntimeError("this benchmark needs a Redis server")
         env = app_settings(backends.database_url, backends.redis_url)
         child_env = child_environ(env)
+        sink_url = None
+        if args.tracing:
+            # The worker and the API export every span to a local sink (CONTRACT 13.6).
+            sink_url = start_otlp_sink(processes)
+            child_env["OTEL_EXPORTER_OTLP_ENDPOINT"] = sink_url
         receiver_url = start_receiver(processes)
         control = Control(receiver_url)
         app = create_app(env)
@@ -384,6 +438,7 @@ def run(args, workdir: Path, processes: Processes) -> dict:
                 url=f"{receiver_url}/hooks",
                 events=[EVENT_NAME],
                 policy=current_url_policy(),
+                trace_context=args.tracing,
             )
             endpoint_id = endpoint.id
             api_key = create_api_key(
@@ -404,6 +459,10 @@ def run(args, workdir: Path, processes: Processes) -> dict:
         p50, p99 = measure_latency(
             processes, child_env, control, brand_id, endpoint_id, api_key, args.samples, 5
         )
+        exported = None
+        if sink_url is not None:
+            exported = Control(sink_url).get("/_stats").json()
+            log(f"tracing: {exported['exports']} OTLP exports, {exported['bytes']} bytes")
         processes.stop_all()
         with app.app_context():
             db.engine.dispose()
@@ -416,6 +475,8 @@ def run(args, workdir: Path, processes: Processes) -> dict:
         "ratio": round(worker_rate / ceiling_rate, 3),
         "latency_p50_ms": round(p50, 2),
         "latency_p99_ms": round(p99, 2),
+        "tracing": args.tracing,
+        **({"otlp_exports": exported["exports"]} if exported is not None else {}),
     }
 
 
@@ -424,10 +485,20 @@ def main() -> None:
     parser.add_argument("--deliveries", type=int, default=5000)
     parser.add_argument("--batch", type=int, default=100, help="events per publish commit")
     parser.add_argument("--samples", type=int, default=300, help="latency samples")
+    parser.add_argument(
+        "--tracing",
+        action="store_true",
+        help="the worker and the API export traces to a local OTLP sink, and the endpoint "
+        "takes a traceparent",
+    )
     parser.add_argument("--receiver", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--otlp-sink", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.receiver:
         asyncio.run(_serve_receiver())
+        return
+    if args.otlp_sink:
+        _serve_otlp_sink()
         return
 
     run_benchmark("bench-deliveries-", lambda workdir, processes: run(args, workdir, processes))
