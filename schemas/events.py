@@ -212,7 +212,11 @@ class EndpointHealthSchema(ApiSchema):
     )
     last_attempt = fields.Nested(
         LastAttemptSchema,
-        metadata={"description": "The failed attempt that made this event."},
+        allow_none=True,
+        metadata={
+            "description": "The failed attempt that made this event; null only when the "
+            "service's operators disabled the endpoint by hand."
+        },
     )
 
 

@@ -634,7 +634,7 @@ def test_disable_endpoint_from_the_round_runs_no_batch(app, brand):
             token="test",
         )
         assert disable_endpoint(
-            endpoint, reason="test", now=utcnow(), by_service=True, last_attempt=(attempt, gone)
+            endpoint, reason="test", now=utcnow(), by_service=True, failed=(attempt, gone)
         )
         db.session.commit()
     assert queued(app, endpoint) == 3001

@@ -142,7 +142,7 @@ def apply_news(news: dict[str, EndpointNews], *, policy: RetryPolicy) -> HealthA
             reason=reason,
             now=outcome.requested_at,
             by_service=True,
-            last_attempt=_disabling_attempt(item),
+            failed=_disabling_attempt(item),
         ):
             disabled.append((item.endpoint_id, outcome.error_text or reason))
     carried = {key: item for key, item in news.items() if key not in applied}
@@ -213,15 +213,16 @@ def disable_endpoint(
     reason: str,
     now: datetime,
     by_service: bool = False,
-    last_attempt: tuple[Attempt, AttemptOutcome] | None = None,
+    failed: tuple[Attempt, AttemptOutcome] | None = None,
     first_batch: bool = False,
 ) -> bool:
     """Disable an open endpoint: no attempt starts from now on, and an `end_pending` job ends
     its pending deliveries `failed` in batches (an attempt in flight is recorded as it ends: a
     success is `delivered`); a person's request runs the first batch itself (`first_batch`),
     the delivery round never does. False when it was already disabled or deleted. When the
-    service does it (`by_service`: failures, a 410, with the `last_attempt` that decided it),
-    `webhook.endpoint_disabled` says so."""
+    service does it (`by_service`), `webhook.endpoint_disabled` says so, with the `failed`
+    attempt that decided it (the last of a long run of failures, or a 410; none when the
+    service's operators did it by hand)."""
     disabled = db.session.execute(
         update(WebhookEndpoint)
         .where(WebhookEndpoint.id == endpoint_id, WebhookEndpoint.is_active)
@@ -244,8 +245,7 @@ def disable_endpoint(
         first_batch=first_batch,
     )
     if by_service:
-        assert last_attempt is not None, "the service disables an endpoint for an attempt"
-        _announce(ENDPOINT_DISABLED, disabled, attempt=last_attempt, now=now, disabled_at=now)
+        _announce(ENDPOINT_DISABLED, disabled, attempt=failed, now=now, disabled_at=now)
     return True
 
 
@@ -275,13 +275,12 @@ def _announce(
     name: str,
     endpoint,
     *,
-    attempt: tuple[Attempt, AttemptOutcome],
+    attempt: tuple[Attempt, AttemptOutcome] | None,
     now: datetime,
     disabled_at: datetime | None = None,
 ) -> None:
     """An operational event about the endpoint, to the brand's other endpoints subscribed,
-    with the failed `attempt` that made it (CONTRACT 13.4)."""
-    failed, outcome = attempt
+    with the failed `attempt` that made it (CONTRACT 13.4), if one did."""
     publish_event(
         brand_id=endpoint.brand_id,
         name=name,
@@ -291,23 +290,28 @@ def _announce(
                 "endpoint_id": endpoint.id,
                 "url": endpoint.url,
                 "consecutive_failures": endpoint.consecutive_failures,
-                "last_error": outcome.error_text,
+                "last_error": None if attempt is None else attempt[1].error_text,
                 "disabled_at": disabled_at,
-                "last_attempt": {
-                    "delivery_id": failed.delivery_id,
-                    "event_id": failed.event_id,
-                    "event_type": failed.event_name,
-                    "http_status": outcome.http_status,
-                    "error": outcome.error_text,
-                    "response_body": None
-                    if outcome.response_body is None
-                    else outcome.response_body[:LAST_ATTEMPT_BODY_CHARS],
-                },
+                "last_attempt": None if attempt is None else _last_attempt(*attempt),
             },
         ),
         except_endpoint_ids=[endpoint.id],
         now=now,
     )
+
+
+def _last_attempt(attempt: Attempt, outcome: AttemptOutcome) -> dict:
+    """An alert's `lastAttempt`, by the schema's attribute names."""
+    return {
+        "delivery_id": attempt.delivery_id,
+        "event_id": attempt.event_id,
+        "event_type": attempt.event_name,
+        "http_status": outcome.http_status,
+        "error": outcome.error_text,
+        "response_body": None
+        if outcome.response_body is None
+        else outcome.response_body[:LAST_ATTEMPT_BODY_CHARS],
+    }
 
 
 def count_disabled_endpoints() -> int:
