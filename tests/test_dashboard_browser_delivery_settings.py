@@ -77,8 +77,12 @@ def test_a_failing_endpoints_state_shows_its_last_failure(
     page.goto(f"/dashboard/endpoints/{endpoint_id}")
     notice = page.locator("[data-last-failure]")
     expect(notice).to_contain_text("Last failure: deal.completed")
+    # On a phone it comes before the health figures; on a laptop it spans both columns.
+    health = page.locator("#endpoint-health").bounding_box()
+    assert notice.bounding_box()["y"] < health["y"]
     expect(notice).to_contain_text(delivery_id)
-    expect(notice).to_contain_text("answered HTTP 503: HTTP 503")
+    expect(notice).to_contain_text("answered HTTP 503")
+    expect(notice).not_to_contain_text("HTTP 503: HTTP 503")  # the status once
     expect(notice.locator("pre")).to_have_text(ANSWER[:1024])
     box = notice.bounding_box()
     assert box["x"] + box["width"] <= viewport["width"], box  # the answer wraps, inside

@@ -119,7 +119,7 @@ def test_failing_then_disabled_each_arrive_once_at_the_other_endpoints(
     # The endpoint's page says the same under its state.
     sign_in(client, write_key)
     page = client.get(f"/dashboard/endpoints/{sick['id']}").get_data(as_text=True)
-    notice = page.split("data-last-failure", 1)[1].split("</div>", 1)[0]
+    notice = page.split("data-last-failure", 1)[1].split("</section>", 1)[0]
     assert sent in notice and "deal.completed" in notice and "HTTP 500" in notice
     assert stored[:1024] in notice and stored[:1025] not in notice
 
