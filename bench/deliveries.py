@@ -27,6 +27,7 @@ import asyncio
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -256,7 +257,9 @@ def publish(app, brand_id: str, count: int, batch: int) -> float:
     return time.monotonic() - started
 
 
-def measure_worker(processes, env, conn, control, endpoint_id: str, count: int) -> float:
+def measure_worker(
+    processes, env, conn, control, endpoint_id: str, count: int, delivered_before: int = 0
+) -> float:
     control.get("/_reset")
     worker = start_worker(processes, env)
     started = time.monotonic()
@@ -279,7 +282,7 @@ def measure_worker(processes, env, conn, control, endpoint_id: str, count: int) 
         "SELECT count(*) FROM webhook_deliveries WHERE endpoint_id = %s AND status = 'delivered'",
         (endpoint_id,),
     ).fetchone()[0]
-    if delivered != count or stats["distinct"] != count:
+    if delivered - delivered_before != count or stats["distinct"] != count:
         raise RuntimeError(f"expected {count} delivered, got {delivered}; receiver: {stats}")
     first = stats["first"]
     rate = count / (done - first)
@@ -389,6 +392,65 @@ def measure_latency(processes, env, control, brand_id, endpoint_id, api_key, sam
 # --------------------------------------------------------------------------------------------
 
 
+def compare_tracing(app, processes, env, conn, control, ids, args) -> dict:
+    """`--tracing-rounds K`: the worker phase K times with OTLP export off and K times on,
+    alternating (off, on, off, on...), each on a fresh backlog of `--deliveries` events, then
+    the latency phase once each way. Alternating on one database and one receiver within
+    minutes, a spell of load on the shared machine falls on both alike; the ceiling loop,
+    single-threaded, moves with load far more than the worker does, so it is no yardstick
+    here."""
+    brand_id, endpoint_id, api_key, sink_url = ids
+    traced_env = {**env, "OTEL_EXPORTER_OTLP_ENDPOINT": sink_url}
+    rates: dict[str, list[float]] = {"off": [], "on": []}
+    delivered = 0
+    for _ in range(args.tracing_rounds):
+        for mode in ("off", "on"):
+            publish(app, brand_id, args.deliveries, args.batch)
+            log(f"tracing {mode}:")
+            rates[mode].append(
+                measure_worker(
+                    processes,
+                    traced_env if mode == "on" else env,
+                    conn,
+                    control,
+                    endpoint_id,
+                    args.deliveries,
+                    delivered_before=delivered,
+                )
+            )
+            delivered += args.deliveries
+    latency = {}
+    for mode in ("off", "on"):
+        before = {id(process) for _, process, _ in processes.running}
+        log(f"tracing {mode}:")
+        latency[mode] = measure_latency(
+            processes,
+            traced_env if mode == "on" else env,
+            control,
+            brand_id,
+            endpoint_id,
+            api_key,
+            args.samples,
+            5,
+        )
+        for _, process, _ in list(processes.running):
+            if id(process) not in before:
+                processes.stop(process)
+    exported = Control(sink_url).get("/_stats").json()
+    log(f"tracing: {exported['exports']} OTLP exports, {exported['bytes']} bytes")
+    off, on = statistics.median(rates["off"]), statistics.median(rates["on"])
+    return {
+        "worker_off_per_s": [round(rate, 1) for rate in rates["off"]],
+        "worker_on_per_s": [round(rate, 1) for rate in rates["on"]],
+        "on_over_off": round(on / off, 3),
+        "latency_off_p50_ms": round(latency["off"][0], 2),
+        "latency_off_p99_ms": round(latency["off"][1], 2),
+        "latency_on_p50_ms": round(latency["on"][0], 2),
+        "latency_on_p99_ms": round(latency["on"][1], 2),
+        "otlp_exports": exported["exports"],
+    }
+
+
 class Control:
     """The receiver's control routes, over their own session."""
 
@@ -423,10 +485,11 @@ def run(args, workdir: Path, processes: Processes) -> dict:
         env = app_settings(backends.database_url, backends.redis_url)
         child_env = child_environ(env)
         sink_url = None
-        if args.tracing:
+        if args.tracing or args.tracing_rounds:
             # The worker and the API export every span to a local sink (CONTRACT 13.6).
             sink_url = start_otlp_sink(processes)
-            child_env["OTEL_EXPORTER_OTLP_ENDPOINT"] = sink_url
+            if args.tracing:
+                child_env["OTEL_EXPORTER_OTLP_ENDPOINT"] = sink_url
         receiver_url = start_receiver(processes)
         control = Control(receiver_url)
         app = create_app(env)
@@ -438,7 +501,7 @@ def run(args, workdir: Path, processes: Processes) -> dict:
                 url=f"{receiver_url}/hooks",
                 events=[EVENT_NAME],
                 policy=current_url_policy(),
-                trace_context=args.tracing,
+                trace_context=args.tracing or bool(args.tracing_rounds),
             )
             endpoint_id = endpoint.id
             api_key = create_api_key(
@@ -448,6 +511,14 @@ def run(args, workdir: Path, processes: Processes) -> dict:
             db.session.remove()
 
         conninfo = backends.database_url.replace("postgresql+psycopg://", "postgresql://", 1)
+        if args.tracing_rounds:
+            with psycopg.connect(conninfo, autocommit=True) as conn:
+                ids = (brand_id, endpoint_id, api_key, sink_url)
+                result = compare_tracing(app, processes, child_env, conn, control, ids, args)
+            processes.stop_all()
+            with app.app_context():
+                db.engine.dispose()
+            return result
         with psycopg.connect(conninfo, autocommit=True) as conn:
             log(f"publishing {args.deliveries} events in batches of {args.batch}")
             took = publish(app, brand_id, args.deliveries, args.batch)
@@ -490,6 +561,13 @@ def main() -> None:
         action="store_true",
         help="the worker and the API export traces to a local OTLP sink, and the endpoint "
         "takes a traceparent",
+    )
+    parser.add_argument(
+        "--tracing-rounds",
+        type=int,
+        default=0,
+        help="instead of the three measurements: the worker with export off and on, this many "
+        "times each, alternating, then the latency each way",
     )
     parser.add_argument("--receiver", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--otlp-sink", action="store_true", help=argparse.SUPPRESS)
