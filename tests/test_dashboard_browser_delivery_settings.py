@@ -77,13 +77,21 @@ def test_a_failing_endpoints_state_shows_its_last_failure(
     page.goto(f"/dashboard/endpoints/{endpoint_id}")
     notice = page.locator("[data-last-failure]")
     expect(notice).to_contain_text("Last failure: deal.completed")
-    # On a phone it comes before the health figures; on a laptop it spans both columns.
+    # On a laptop it spans the page above the health; on a phone it comes after it (whose
+    # latest failures fill the first screen).
     health = page.locator("#endpoint-health").bounding_box()
-    assert notice.bounding_box()["y"] < health["y"]
+    if viewport == LAPTOP:
+        assert notice.bounding_box()["y"] < health["y"]
+        assert notice.bounding_box()["width"] > health["width"]
+    else:
+        assert notice.bounding_box()["y"] > health["y"]
     expect(notice).to_contain_text(delivery_id)
     expect(notice).to_contain_text("answered HTTP 503")
     expect(notice).not_to_contain_text("HTTP 503: HTTP 503")  # the status once
-    expect(notice.locator("pre")).to_have_text(ANSWER[:1024])
+    expect(notice.locator("pre")).to_have_text(ANSWER[:1024])  # folded, its start in a line
+    expect(notice.locator("summary")).to_contain_text(ANSWER[:40])
+    notice.locator("summary").click()
+    expect(notice.locator("pre")).to_be_visible()
     box = notice.bounding_box()
     assert box["x"] + box["width"] <= viewport["width"], box  # the answer wraps, inside
     width = page.evaluate("document.documentElement.scrollWidth")
