@@ -89,8 +89,9 @@ def test_a_postback_and_its_attempts_are_one_exported_trace(app, app_environ, ap
                 lambda spans: (
                     {s.span_id for s in spans if s.name == "webhook.attempt"} >= {attempt_span_id}
                     and sum(s.name == "webhook.attempt" for s in spans) >= 2
+                    and any(s.kind == "server" and s.trace_id == trace_id for s in spans)
                 ),
-                what="both attempt spans",
+                what="both attempt spans and the request's",
             )
     finally:
         server.stop()
