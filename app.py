@@ -27,6 +27,7 @@ from config import ConfigError, Settings
 from extensions import db, init_migrations
 from observability.logs import configure_logging
 from observability.metrics import count_request
+from observability.tracing import start_tracing
 from services import work_slots
 from services.connections import KEEPALIVES
 from services.secret_box import SecretBox
@@ -105,6 +106,8 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
     app.before_request(admit)  # the body, the caller, then a work slot (blueprints/admission.py)
     app.after_request(_finish_request)
     app.teardown_request(work_slots.give_back)
+    # A server span per request when OTLP export is configured; nothing otherwise.
+    start_tracing("brand-api", app=app)
     return app
 
 

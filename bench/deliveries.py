@@ -27,6 +27,7 @@ import asyncio
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -153,6 +154,44 @@ async def _serve_receiver() -> None:
     server.close()
 
 
+def _serve_otlp_sink() -> None:
+    """A collector stand-in for `--tracing`: takes each OTLP/HTTP export (POST /v1/traces),
+    answers 200 at once, and counts exports and bytes (GET /_stats); it decodes nothing."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    counts = {"exports": 0, "bytes": 0}
+    lock = threading.Lock()
+
+    class Sink(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            size = len(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+            with lock:
+                counts["exports"] += 1
+                counts["bytes"] += size
+            self._answer(b"")
+
+        def do_GET(self) -> None:
+            with lock:
+                self._answer(json.dumps(counts).encode())
+
+        def _answer(self, body: bytes) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    print(server.server_address[1], flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
+    server.serve_forever()
+
+
 # --------------------------------------------------------------------------------------------
 # Processes
 # --------------------------------------------------------------------------------------------
@@ -162,6 +201,17 @@ def start_receiver(processes: Processes) -> str:
     process = processes.start(
         "receiver",
         [sys.executable, str(Path(__file__).resolve()), "--receiver"],
+        dict(os.environ),
+        stdout=subprocess.PIPE,
+    )
+    port = int(process.stdout.readline())
+    return f"http://127.0.0.1:{port}"
+
+
+def start_otlp_sink(processes: Processes) -> str:
+    process = processes.start(
+        "otlp-sink",
+        [sys.executable, str(Path(__file__).resolve()), "--otlp-sink"],
         dict(os.environ),
         stdout=subprocess.PIPE,
     )
@@ -207,7 +257,9 @@ def publish(app, brand_id: str, count: int, batch: int) -> float:
     return time.monotonic() - started
 
 
-def measure_worker(processes, env, conn, control, endpoint_id: str, count: int) -> float:
+def measure_worker(
+    processes, env, conn, control, endpoint_id: str, count: int, delivered_before: int = 0
+) -> float:
     control.get("/_reset")
     worker = start_worker(processes, env)
     started = time.monotonic()
@@ -230,7 +282,7 @@ def measure_worker(processes, env, conn, control, endpoint_id: str, count: int) 
         "SELECT count(*) FROM webhook_deliveries WHERE endpoint_id = %s AND status = 'delivered'",
         (endpoint_id,),
     ).fetchone()[0]
-    if delivered != count or stats["distinct"] != count:
+    if delivered - delivered_before != count or stats["distinct"] != count:
         raise RuntimeError(f"expected {count} delivered, got {delivered}; receiver: {stats}")
     first = stats["first"]
     rate = count / (done - first)
@@ -340,6 +392,65 @@ def measure_latency(processes, env, control, brand_id, endpoint_id, api_key, sam
 # --------------------------------------------------------------------------------------------
 
 
+def compare_tracing(app, processes, env, conn, control, ids, args) -> dict:
+    """`--tracing-rounds K`: the worker phase K times with OTLP export off and K times on,
+    alternating (off, on, off, on...), each on a fresh backlog of `--deliveries` events, then
+    the latency phase once each way. Alternating on one database and one receiver within
+    minutes, a spell of load on the shared machine falls on both alike; the ceiling loop,
+    single-threaded, moves with load far more than the worker does, so it is no yardstick
+    here."""
+    brand_id, endpoint_id, api_key, sink_url = ids
+    traced_env = {**env, "OTEL_EXPORTER_OTLP_ENDPOINT": sink_url}
+    rates: dict[str, list[float]] = {"off": [], "on": []}
+    delivered = 0
+    for _ in range(args.tracing_rounds):
+        for mode in ("off", "on"):
+            publish(app, brand_id, args.deliveries, args.batch)
+            log(f"tracing {mode}:")
+            rates[mode].append(
+                measure_worker(
+                    processes,
+                    traced_env if mode == "on" else env,
+                    conn,
+                    control,
+                    endpoint_id,
+                    args.deliveries,
+                    delivered_before=delivered,
+                )
+            )
+            delivered += args.deliveries
+    latency = {}
+    for mode in ("off", "on"):
+        before = {id(process) for _, process, _ in processes.running}
+        log(f"tracing {mode}:")
+        latency[mode] = measure_latency(
+            processes,
+            traced_env if mode == "on" else env,
+            control,
+            brand_id,
+            endpoint_id,
+            api_key,
+            args.samples,
+            5,
+        )
+        for _, process, _ in list(processes.running):
+            if id(process) not in before:
+                processes.stop(process)
+    exported = Control(sink_url).get("/_stats").json()
+    log(f"tracing: {exported['exports']} OTLP exports, {exported['bytes']} bytes")
+    off, on = statistics.median(rates["off"]), statistics.median(rates["on"])
+    return {
+        "worker_off_per_s": [round(rate, 1) for rate in rates["off"]],
+        "worker_on_per_s": [round(rate, 1) for rate in rates["on"]],
+        "on_over_off": round(on / off, 3),
+        "latency_off_p50_ms": round(latency["off"][0], 2),
+        "latency_off_p99_ms": round(latency["off"][1], 2),
+        "latency_on_p50_ms": round(latency["on"][0], 2),
+        "latency_on_p99_ms": round(latency["on"][1], 2),
+        "otlp_exports": exported["exports"],
+    }
+
+
 class Control:
     """The receiver's control routes, over their own session."""
 
@@ -373,6 +484,12 @@ def run(args, workdir: Path, processes: Processes) -> dict:
             raise RuntimeError("this benchmark needs a Redis server")
         env = app_settings(backends.database_url, backends.redis_url)
         child_env = child_environ(env)
+        sink_url = None
+        if args.tracing or args.tracing_rounds:
+            # The worker and the API export every span to a local sink (CONTRACT 13.6).
+            sink_url = start_otlp_sink(processes)
+            if args.tracing:
+                child_env["OTEL_EXPORTER_OTLP_ENDPOINT"] = sink_url
         receiver_url = start_receiver(processes)
         control = Control(receiver_url)
         app = create_app(env)
@@ -384,6 +501,7 @@ def run(args, workdir: Path, processes: Processes) -> dict:
                 url=f"{receiver_url}/hooks",
                 events=[EVENT_NAME],
                 policy=current_url_policy(),
+                trace_context=args.tracing or bool(args.tracing_rounds),
             )
             endpoint_id = endpoint.id
             api_key = create_api_key(
@@ -393,6 +511,14 @@ def run(args, workdir: Path, processes: Processes) -> dict:
             db.session.remove()
 
         conninfo = backends.database_url.replace("postgresql+psycopg://", "postgresql://", 1)
+        if args.tracing_rounds:
+            with psycopg.connect(conninfo, autocommit=True) as conn:
+                ids = (brand_id, endpoint_id, api_key, sink_url)
+                result = compare_tracing(app, processes, child_env, conn, control, ids, args)
+            processes.stop_all()
+            with app.app_context():
+                db.engine.dispose()
+            return result
         with psycopg.connect(conninfo, autocommit=True) as conn:
             log(f"publishing {args.deliveries} events in batches of {args.batch}")
             took = publish(app, brand_id, args.deliveries, args.batch)
@@ -404,6 +530,10 @@ def run(args, workdir: Path, processes: Processes) -> dict:
         p50, p99 = measure_latency(
             processes, child_env, control, brand_id, endpoint_id, api_key, args.samples, 5
         )
+        exported = None
+        if sink_url is not None:
+            exported = Control(sink_url).get("/_stats").json()
+            log(f"tracing: {exported['exports']} OTLP exports, {exported['bytes']} bytes")
         processes.stop_all()
         with app.app_context():
             db.engine.dispose()
@@ -416,6 +546,8 @@ def run(args, workdir: Path, processes: Processes) -> dict:
         "ratio": round(worker_rate / ceiling_rate, 3),
         "latency_p50_ms": round(p50, 2),
         "latency_p99_ms": round(p99, 2),
+        "tracing": args.tracing,
+        **({"otlp_exports": exported["exports"]} if exported is not None else {}),
     }
 
 
@@ -424,10 +556,27 @@ def main() -> None:
     parser.add_argument("--deliveries", type=int, default=5000)
     parser.add_argument("--batch", type=int, default=100, help="events per publish commit")
     parser.add_argument("--samples", type=int, default=300, help="latency samples")
+    parser.add_argument(
+        "--tracing",
+        action="store_true",
+        help="the worker and the API export traces to a local OTLP sink, and the endpoint "
+        "takes a traceparent",
+    )
+    parser.add_argument(
+        "--tracing-rounds",
+        type=int,
+        default=0,
+        help="instead of the three measurements: the worker with export off and on, this many "
+        "times each, alternating, then the latency each way",
+    )
     parser.add_argument("--receiver", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--otlp-sink", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.receiver:
         asyncio.run(_serve_receiver())
+        return
+    if args.otlp_sink:
+        _serve_otlp_sink()
         return
 
     run_benchmark("bench-deliveries-", lambda workdir, processes: run(args, workdir, processes))

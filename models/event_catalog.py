@@ -40,6 +40,14 @@ _ENDPOINT_HEALTH = {
     "consecutiveFailures": 15,
     "lastError": "HTTP 503",
     "disabledAt": "2026-11-21T06:40:12.000Z",
+    "lastAttempt": {
+        "deliveryId": "whd_01jd3kt0v2w4x6y8z0a2b4c6d8",
+        "eventId": "evt_01jd3kw3x5y7z9a1b3c5d7e9f1",
+        "eventType": "conversion.recorded",
+        "httpStatus": 503,
+        "error": "HTTP 503",
+        "responseBody": "upstream unavailable",
+    },
 }
 _CAMPAIGN = {
     "id": "cmp_01jd3k9m2x4q8r7t6v5w4y3z2a",

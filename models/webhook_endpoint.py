@@ -5,7 +5,18 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import ForeignKey, Index, Integer, SmallInteger, String, Text, and_, text
+from sqlalchemy import (
+    Boolean,
+    ForeignKey,
+    Index,
+    Integer,
+    SmallInteger,
+    String,
+    Text,
+    and_,
+    false,
+    text,
+)
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.hybrid import hybrid_property
@@ -74,6 +85,8 @@ class WebhookEndpoint(Model):
     # CONTRACT 13.5: attempts in flight at once, across all workers (null: the setting
     # WEBHOOK_ENDPOINT_CONCURRENCY).
     max_in_flight: Mapped[int | None] = mapped_column(SmallInteger, nullable=True)
+    # CONTRACT 13.6: every attempt carries a W3C `traceparent` (services/delivery/loop.py).
+    trace_context: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     # CONTRACT 12.2: "none", or "subject" (a subject's events one after another).
     ordering: Mapped[str] = mapped_column(String(10), default=NO_ORDERING, server_default="none")
     # CONTRACT 12.3: only events of these campaigns (null: every campaign's).

@@ -18,6 +18,8 @@ PUBLISHING_TRANSACTION = "CAST(CAST(pg_current_xact_id() AS TEXT) AS BIGINT)"
 POSITION_SEQUENCE = "webhook_events_position_seq"
 SUBJECT_TYPE_MAX_LENGTH = 16
 SUBJECT_ID_MAX_LENGTH = 64
+# A W3C `traceparent` of version 00: `00-` + 32 hex + `-` + 16 hex + `-` + 2 hex.
+TRACEPARENT_LENGTH = 55
 
 
 class WebhookEvent(Model):
@@ -52,6 +54,9 @@ class WebhookEvent(Model):
     sequence: Mapped[int] = mapped_column(Integer)
     # The campaign the subject belongs to, if any: endpoints' campaign filters (CONTRACT 12.3).
     campaign_id: Mapped[str | None] = mapped_column(id_column_type(), nullable=True)
+    # CONTRACT 13.6: the trace context of the API request that published it, which each of its
+    # delivery attempts joins (null: none, or published outside a request).
+    traceparent: Mapped[str | None] = mapped_column(String(TRACEPARENT_LENGTH), nullable=True)
 
     @property
     def subject_key(self) -> str:

@@ -20,7 +20,7 @@ from models.brand import KYB_OUTCOMES
 from models.campaign import BUDGET_THRESHOLDS, CAMPAIGN_STATUSES
 from models.columns import id_pattern
 from models.deal import DEAL_STATUSES, DISPUTE_OUTCOMES
-from models.event_catalog import API_VERSION, EVENT_TYPES
+from models.event_catalog import API_VERSION, EVENT_NAMES, EVENT_TYPES
 from models.event_subjects import (
     BRAND,
     CAMPAIGN,
@@ -29,6 +29,7 @@ from models.event_subjects import (
     ENDPOINT,
     subject_type_of,
 )
+from models.webhook_delivery import LAST_ATTEMPT_BODY_CHARS
 from schemas.base import ApiSchema, Timestamp, camelcase, currency_field, money
 from schemas.campaigns import CAMPAIGN_ID_EXAMPLE, CampaignSchema
 from schemas.conversions import ConversionSchema
@@ -37,6 +38,8 @@ from schemas.escrow_holds import EscrowHoldSchema
 from schemas.placements import PlacementSchema
 
 ENDPOINT_ID_EXAMPLE = "whe_01jd3kr7s9t1v3w5x7y9z1a3b5"
+DELIVERY_ID_EXAMPLE = "whd_01jd3kt0v2w4x6y8z0a2b4c6d8"
+EVENT_ID_EXAMPLE = "evt_01jd3kw3x5y7z9a1b3c5d7e9f1"
 
 
 class CampaignCancelledSchema(CampaignSchema):
@@ -141,6 +144,48 @@ class EndpointPingSchema(ApiSchema):
     message = fields.String(metadata={"description": "A sentence for people; not for automation."})
 
 
+class LastAttemptSchema(ApiSchema):
+    """The attempt that made an operational event (CONTRACT 13.4): why, without the dashboard."""
+
+    delivery_id = fields.String(
+        metadata={
+            "description": "Its delivery; fetchWebhookDelivery has every attempt of it.",
+            "example": DELIVERY_ID_EXAMPLE,
+        }
+    )
+    event_id = fields.String(
+        metadata={"description": "The event it carried.", "example": EVENT_ID_EXAMPLE}
+    )
+    event_type = fields.String(
+        validate=validate.OneOf(EVENT_NAMES),
+        metadata={"description": "That event's name.", "example": "conversion.recorded"},
+    )
+    http_status = fields.Integer(
+        allow_none=True,
+        metadata={
+            "description": "The receiver's HTTP status; null when no answer came (a timeout, "
+            "a refused connection).",
+            "example": 503,
+        },
+    )
+    error = fields.String(
+        allow_none=True,
+        metadata={
+            "description": "What went wrong, in the delivery log's words; null when nothing "
+            "did (never, for these events).",
+            "example": "HTTP 503",
+        },
+    )
+    response_body = fields.String(
+        allow_none=True,
+        metadata={
+            "description": f"The first {LAST_ATTEMPT_BODY_CHARS:,} characters of the answer's "
+            "body as the delivery log keeps it; null when no answer came.",
+            "example": "upstream unavailable",
+        },
+    )
+
+
 class EndpointHealthSchema(ApiSchema):
     """An operational event about one of the brand's endpoints (CONTRACT 8.5)."""
 
@@ -164,6 +209,14 @@ class EndpointHealthSchema(ApiSchema):
     disabled_at = Timestamp(
         allow_none=True,
         metadata={"description": "When it was disabled; null while it is only failing."},
+    )
+    last_attempt = fields.Nested(
+        LastAttemptSchema,
+        allow_none=True,
+        metadata={
+            "description": "The failed attempt that made this event; null only when the "
+            "service's operators disabled the endpoint by hand."
+        },
     )
 
 

@@ -14,6 +14,7 @@ from models.webhook_delivery import (
 from models.webhook_endpoint import (
     DESCRIPTION_MAX_LENGTH,
     MAX_CAMPAIGN_FILTER,
+    MAX_IN_FLIGHT_RANGE,
     MAX_OVERLAP_SECONDS,
     NO_ORDERING,
     ORDERINGS,
@@ -126,6 +127,34 @@ class CampaignFilter(fields.List):
         return [] if value is None else super()._serialize(value, attr, obj, **kwargs)
 
 
+_MAX_IN_FLIGHT_HELP = (
+    "How many attempts to this endpoint may be on the wire at once, across all the service's "
+    f"workers ({MAX_IN_FLIGHT_RANGE[0]}-{MAX_IN_FLIGHT_RANGE[1]}): 1 for a receiver that "
+    "handles one request at a time, more for one that scales out. While the endpoint keeps "
+    "failing it is probed with one attempt at a time whatever this says."
+)
+_TRACE_CONTEXT_HELP = (
+    "`true`: every attempt carries a W3C `traceparent` header (`00-<trace id>-<span id>-"
+    "<flags>`), the attempt being the parent of your receiver's handling of it; its trace is "
+    "the one of the API request that published the event, when that request came with a "
+    "`traceparent` of its own. The attempt's `requestHeaders` show it. `false`: no attempt "
+    "carries `traceparent` or `tracestate`."
+)
+
+
+def _max_in_flight_field(description: str, **options) -> JsonInteger:
+    return JsonInteger(
+        allow_none=True,
+        validate=validate.Range(*MAX_IN_FLIGHT_RANGE),
+        metadata={"description": description, "example": 5},
+        **options,
+    )
+
+
+def _trace_context_field(description: str, **options) -> JsonBoolean:
+    return JsonBoolean(metadata={"description": description, "example": True}, **options)
+
+
 def _ordering_field(description: str, **options) -> fields.String:
     return fields.String(
         validate=validate.OneOf(ORDERINGS),
@@ -173,6 +202,14 @@ class EndpointRegisterSchema(ApiSchema):
     campaign_ids = _campaign_ids_field(
         _CAMPAIGNS_HELP + " Default: every campaign.", load_default=None, allow_none=True
     )
+    max_in_flight = _max_in_flight_field(
+        _MAX_IN_FLIGHT_HELP + " Default (absent or `null`): the service's "
+        "`WEBHOOK_ENDPOINT_CONCURRENCY`.",
+        load_default=None,
+    )
+    trace_context = _trace_context_field(
+        _TRACE_CONTEXT_HELP + " Default `false`.", load_default=False
+    )
 
 
 class EndpointUpdateSchema(ApiSchema):
@@ -194,6 +231,11 @@ class EndpointUpdateSchema(ApiSchema):
         "Replaces the campaign filter; `[]` or `null` removes it. " + _CAMPAIGNS_HELP,
         allow_none=True,
     )
+    max_in_flight = _max_in_flight_field(
+        "Replaces the limit; `null` returns to the service's `WEBHOOK_ENDPOINT_CONCURRENCY`. "
+        + _MAX_IN_FLIGHT_HELP
+    )
+    trace_context = _trace_context_field("Replaces the choice. " + _TRACE_CONTEXT_HELP)
 
 
 class EndpointSchema(ApiSchema):
@@ -235,6 +277,21 @@ class EndpointSchema(ApiSchema):
             "empty: every campaign's, and events of none.",
             "example": [],
         },
+    )
+    max_in_flight = fields.Integer(
+        allow_none=True,
+        metadata={
+            "description": "Its own limit of attempts on the wire at once, across all "
+            "workers; null when it has none and the service's `WEBHOOK_ENDPOINT_CONCURRENCY` "
+            "applies.",
+            "example": 5,
+        },
+    )
+    trace_context = fields.Boolean(
+        metadata={
+            "description": "Each attempt carries a W3C `traceparent` header.",
+            "example": False,
+        }
     )
     previous_secret_expires_at = _previous_secret_field()
     created_at = Timestamp()

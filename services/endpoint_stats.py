@@ -20,7 +20,7 @@ from sqlalchemy import case, func, null, select
 
 from extensions import db
 from models import EndpointHour, WebhookAttempt, WebhookDelivery
-from models.webhook_delivery import DELIVERED, FAILED, PENDING
+from models.webhook_delivery import DELIVERED, FAILED, LAST_ATTEMPT_BODY_CHARS, PENDING
 from services.deliveries import count_states, state_columns
 from services.webhook_endpoints import get_endpoint
 
@@ -198,10 +198,14 @@ class FailedAttempt:
     timeout, a refused connection...)."""
 
     delivery_id: str
+    event_id: str
     event_name: str
     attempt_number: int
     requested_at: datetime
     error: str
+    http_status: int | None
+    # The start of the answer's body as stored, as an alert carries it (CONTRACT 13.4).
+    response_body: str | None
 
 
 def latest_failures(
@@ -225,6 +229,8 @@ def latest_failures(
             WebhookAttempt.attempt_number,
             WebhookAttempt.requested_at,
             WebhookAttempt.error,
+            WebhookAttempt.http_status,
+            func.left(WebhookAttempt.response_body, LAST_ATTEMPT_BODY_CHARS).label("response_body"),
             latest_first,
         )
         .where(
@@ -238,10 +244,13 @@ def latest_failures(
     rows = db.session.execute(
         select(
             failed.c.delivery_id,
+            WebhookDelivery.event_id,
             WebhookDelivery.event_name,
             failed.c.attempt_number,
             failed.c.requested_at,
             failed.c.error,
+            failed.c.http_status,
+            failed.c.response_body,
         )
         .join(WebhookDelivery, WebhookDelivery.id == failed.c.delivery_id)
         .where(failed.c.latest_first == 1)

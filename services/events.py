@@ -23,6 +23,7 @@ from models.event_catalog import API_VERSION, EVENT_NAMES, is_event_name
 from models.event_subjects import EventSubject, event_subject
 from models.webhook_delivery import PENDING
 from models.webhook_endpoint import SUBJECT_ORDERING, endpoint_is_open_sql
+from observability.tracing import publishing_traceparent
 from schemas.base import iso_timestamp
 from services.delivery.queue import ENQUEUE_CTES, RECEIVING_COLUMNS
 from services.errors import ValidationFailed
@@ -105,6 +106,7 @@ def publish_event(
                 "body_tail": body_tail,
                 "created_at": now,
                 "delivery_id_base": new_id("whd"),
+                "traceparent": publishing_traceparent(),
                 **subject_parameters(subject),
                 **parameters,
             },
@@ -252,7 +254,8 @@ _SUBSCRIBED_OTHERS = _SUBSCRIBED + " AND endpoint.id <> ALL(:except_endpoint_ids
 # - `woken` sends the wake-up (services/wakeups.py) with the commit: a statement must read it
 #   (`WOKEN`) for PostgreSQL to run it.
 # The statement binds :event_id, :brand_id, :event_name, :created_at, :subject_type,
-# :subject_id, :subject_key, :delivery_id_base, :pending and :subject_ordering.
+# :subject_id, :subject_key, :delivery_id_base, :pending, :subject_ordering and :traceparent
+# (`publishing_traceparent()`: the publishing request's trace context, CONTRACT 13.6).
 SUBJECT_COUNTED = """
     subject_counted AS (
         INSERT INTO webhook_event_subjects AS counter (
@@ -276,10 +279,10 @@ _PUBLISH_CTES_TEMPLATE = (
     event AS (
         INSERT INTO webhook_events (
             id, brand_id, name, body, created_at, subject_type, subject_id, sequence,
-            campaign_id
+            campaign_id, traceparent
         )
         SELECT :event_id, :brand_id, :event_name, {body}, :created_at, :subject_type,
-               :subject_id, {sequence}, {campaign}
+               :subject_id, {sequence}, {campaign}, :traceparent
         FROM {source}
         RETURNING id, brand_id, name, created_at, sequence, campaign_id
     ),

@@ -35,6 +35,7 @@ from models.money import NGN
 from models.tracked_link import CONVERSION_COUNT_SLOTS
 from models.webhook_delivery import PENDING
 from models.webhook_endpoint import SUBJECT_ORDERING
+from observability.tracing import publishing_traceparent
 from schemas.events import event_data
 from services.errors import Conflict
 from services.events import PUBLISH_CTES, WOKEN, event_body_around, subject_parameters
@@ -172,6 +173,7 @@ def _record_in_one_statement(
         "event_name": CONVERSION_RECORDED,
         "pending": PENDING,
         "subject_ordering": SUBJECT_ORDERING,
+        "traceparent": publishing_traceparent(),
         **subject_parameters(subject),
     }
     del parameters["campaign_id"]  # the statement's: the link's campaign

@@ -101,6 +101,8 @@ def register_endpoint(
     description: str | None = None,
     ordering: str = NO_ORDERING,
     campaign_ids: list[str] | None = None,
+    max_in_flight: int | None = None,
+    trace_context: bool = False,
     now: datetime | None = None,
 ) -> IssuedEndpoint:
     """:raise ValidationFailed: a URL against CONTRACT 6.3, no supported event, or a campaign
@@ -130,6 +132,8 @@ def register_endpoint(
         events=subscription.events,
         ordering=ordering,
         campaign_ids=campaign_filter,
+        max_in_flight=max_in_flight,
+        trace_context=trace_context,
         secret_ciphertext=secret_box().encrypt(secret),
         consecutive_failures=0,
         created_at=now,
@@ -228,13 +232,16 @@ def update_endpoint(
     is_active=_UNSET,
     ordering=_UNSET,
     campaign_ids=_UNSET,
+    max_in_flight=_UNSET,
+    trace_context=_UNSET,
     changed_by: ChangedBy | None = None,
     now: datetime | None = None,
 ) -> UpdatedEndpoint:
-    """Change any of `url`, `events`, `description`, `isActive`, `ordering`, `campaignIds`
-    (CONTRACT 4, 10 and 12). Turning ordering off lets every delivery held behind an earlier
-    one of its subject go (a bulk job, within seconds); turning it on orders the events
-    published from then on.
+    """Change any of `url`, `events`, `description`, `isActive`, `ordering`, `campaignIds`,
+    `maxInFlight`, `traceContext` (CONTRACT 4, 10, 12 and 13). Turning ordering off lets every
+    delivery held behind an earlier one of its subject go (a bulk job, within seconds); turning
+    it on orders the events published from then on. A new in-flight limit holds from the next
+    claim on (attempts on the wire finish); a null one is the setting's.
     `isActive: true` re-enables a disabled endpoint with a clean failure count; `false` disables
     it, failing its pending deliveries, with a reason that says who did it and where
     (`changed_by`). An empty or null description removes it.
@@ -268,6 +275,10 @@ def update_endpoint(
         endpoint.events = subscription.events
     if description is not _UNSET:
         endpoint.description = description
+    if max_in_flight is not _UNSET:
+        endpoint.max_in_flight = max_in_flight
+    if trace_context is not _UNSET:
+        endpoint.trace_context = trace_context
     endpoint.updated_at = now
     db.session.flush()
     if is_active is True:

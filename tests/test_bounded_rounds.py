@@ -27,7 +27,7 @@ from models import QueuedDelivery, WebhookAttempt, WebhookDelivery, WebhookEndpo
 from models.columns import utcnow
 from services.delivery.health import apply_news, disable_endpoint, news_of
 from services.delivery.loop import DeliveryLoop
-from services.delivery.outcomes import AttemptOutcome, RetryPolicy
+from services.delivery.outcomes import Attempt, AttemptOutcome, RetryPolicy
 from services.delivery.queue import claim_attempts, record_attempts
 from services.endpoint_urls import UrlPolicy
 from services.events import publish_event
@@ -599,6 +599,29 @@ def test_disable_endpoint_from_the_round_runs_no_batch(app, brand):
         db.session.commit()
     seed_backlog(app, endpoint, 3000)
     with app.app_context():
-        assert disable_endpoint(endpoint, reason="test", now=utcnow(), by_service=True)
+        gone = AttemptOutcome(
+            requested_at=utcnow(),
+            duration_ms=1,
+            request_headers={},
+            http_status=410,
+            error="HTTP 410 Gone",
+            gone=True,
+        )
+        attempt = Attempt(
+            delivery_id="whd_01m8hj34hbd67ygzk7c5jpxzkf",
+            brand_id=brand,
+            endpoint_id=endpoint,
+            event_id="evt_01m8hj34hbd67ygzk7c5jpxzkf",
+            event_name="deal.completed",
+            attempt_number=1,
+            body=b"{}",
+            url="http://127.0.0.1:9/hooks",
+            secret_ciphertext="",
+            previous_secret_ciphertext=None,
+            token="test",
+        )
+        assert disable_endpoint(
+            endpoint, reason="test", now=utcnow(), by_service=True, failed=(attempt, gone)
+        )
         db.session.commit()
     assert queued(app, endpoint) == 3001

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 from sqlalchemy import select
 
 from extensions import db
-from models import WebhookDelivery, WebhookEndpoint
+from models import WebhookDelivery, WebhookEndpoint, WebhookEvent
 from tests.helpers import assert_success
 
 
@@ -47,6 +49,12 @@ def test_an_operator_disables_an_endpoint_and_the_brand_hears_of_it(
         ).all()
     assert statuses == ["failed"] * 3
     assert announced == ["webhook.endpoint_disabled"]
+    with app.app_context():
+        [body] = db.session.scalars(
+            select(WebhookEvent.body).where(WebhookEvent.name == "webhook.endpoint_disabled")
+        ).all()
+    # No attempt made this one: an operator did (CONTRACT 13.4's lastAttempt is null).
+    assert json.loads(body)["data"]["lastAttempt"] is None
 
     again = runner.invoke(args=["endpoints", "disable", flooded["id"], "--reason", "twice"])
     assert again.exit_code == 1

@@ -263,3 +263,36 @@ def test_0014_queues_pending_work_numbers_events_and_comes_back_down(app_environ
             count = connection.execute(text("SELECT count(*) FROM webhook_events")).scalar_one()
             assert count == 6
         upgrade()
+
+
+def test_0017_adds_trace_context_off_and_its_downgrade_keeps_the_rows(app_environ, backends):
+    """0017: today's endpoints send no traceparent, today's events have none; down again, both
+    keep their rows."""
+    with migrated_to(app_environ, backends, "0016"):
+        with db.engine.begin() as connection:
+            insert_brand_with_endpoints(connection)
+            connection.execute(
+                text(
+                    "INSERT INTO webhook_events (id, brand_id, name, body, created_at,"
+                    " subject_type, subject_id, sequence) VALUES ('evt_m', 'brd_m',"
+                    " 'deal.completed', '{}', :at, 'deal', 'deal_m', 1)"
+                ),
+                {"at": AT},
+            )
+        upgrade(revision="0017")
+        with db.engine.begin() as connection:
+            endpoint = "SELECT trace_context FROM webhook_endpoints WHERE id = 'whe_m'"
+            event = "SELECT traceparent FROM webhook_events WHERE id = 'evt_m'"
+            assert connection.execute(text(endpoint)).scalar_one() is False
+            assert connection.execute(text(event)).scalar_one() is None
+            connection.execute(text("UPDATE webhook_endpoints SET trace_context = true"))
+        downgrade(revision="0016")
+        assert "trace_context" not in {
+            c["name"] for c in inspect(db.engine).get_columns("webhook_endpoints")
+        }
+        assert "traceparent" not in {
+            c["name"] for c in inspect(db.engine).get_columns("webhook_events")
+        }
+        with db.engine.connect() as connection:
+            assert connection.execute(text("SELECT count(*) FROM webhook_endpoints")).scalar() == 1
+            assert connection.execute(text("SELECT count(*) FROM webhook_events")).scalar() == 1

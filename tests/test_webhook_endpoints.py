@@ -35,6 +35,8 @@ ENDPOINT_FIELDS = {
     "previousSecretExpiresAt",
     "ordering",
     "campaignIds",
+    "maxInFlight",
+    "traceContext",
     "createdAt",
 }
 
@@ -112,6 +114,8 @@ def test_register_returns_the_endpoint_and_its_signing_secret(client, brand, wri
     assert data["createdAt"].endswith("Z")
     assert data["description"] is None
     assert data["droppedEvents"] == []
+    assert data["maxInFlight"] is None  # WEBHOOK_ENDPOINT_CONCURRENCY applies
+    assert data["traceContext"] is False
     assert set(data) == ENDPOINT_FIELDS | {"signingSecret", "droppedEvents"}
 
 

@@ -23,6 +23,7 @@ from flask import Flask, current_app
 from rq import SimpleWorker
 
 from extensions import db
+from observability.tracing import start_tracing, stop_tracing
 from services.delivery.loop import start_delivery_loop, stop_delivery_loop
 from workers.connection import QUEUES, redis_connection
 from workers.maintenance import run_maintenance
@@ -89,6 +90,9 @@ def run_worker(burst: bool) -> None:
         list(QUEUES), connection=connection, app=app, sweep_interval=settings.webhook_sweep_interval
     )
     _raise_open_files_limit()
+    # `webhook.attempt` spans, and the worker's own database and Redis calls, when OTLP export
+    # is configured (CONTRACT 13.6); nothing otherwise.
+    start_tracing("brand-api-worker")
     loop = start_delivery_loop(app, burst=burst)
     try:
         _work(worker, burst)
@@ -101,6 +105,7 @@ def run_worker(burst: bool) -> None:
         # recorded. A purge stops between two of its batches.
         stop_purge()
         stop_delivery_loop(grace=settings.webhook_timeout + 2)
+        stop_tracing()  # the last attempts' spans leave before the process does
 
 
 def _raise_open_files_limit() -> None:

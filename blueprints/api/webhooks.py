@@ -109,10 +109,10 @@ def get_webhook_endpoint_stats(brand_id: str, endpoint_id: str):
 @operation(
     operation_id="updateWebhookEndpoint",
     tag=ENDPOINTS,
-    summary="Change an endpoint's URL, events, description, ordering or campaigns, or disable "
-    "or re-enable it",
+    summary="Change an endpoint's URL, events, description, ordering, campaigns or delivery "
+    "settings, or disable or re-enable it",
     description="Give any of `url`, `events`, `description`, `isActive`, `ordering`, "
-    "`campaignIds`. Re-enabling (`isActive: true`) "
+    "`campaignIds`, `maxInFlight`, `traceContext`. Re-enabling (`isActive: true`) "
     "clears `disabledAt` and `consecutiveFailures`; deliveries failed while it was disabled "
     "can be sent again with redeliver. An id in `campaignIds` that is not one of the brand's "
     "campaigns is a VALIDATION_ERROR naming it.",
@@ -179,7 +179,7 @@ def recover_webhook_deliveries(brand_id: str, endpoint_id: str, body: dict):
     description="Once your receiver is fixed: every `pending` delivery of this endpoint that "
     "waits for its next retry becomes due now, instead of at its `nextRetryAt` (a receiver's "
     "`Retry-After` included), and goes out at the endpoint's usual pace (at most "
-    "`WEBHOOK_ENDPOINT_CONCURRENCY` at once). No delivery is duplicated: each is the same "
+    "its `maxInFlight` at once). No delivery is duplicated: each is the same "
     "delivery, its next attempt sooner. Deliveries held behind an earlier one of their subject "
     '(`ordering: "subject"`) stay held until it ends. A disabled endpoint answers NOT_FOUND: '
     "re-enable it first.",

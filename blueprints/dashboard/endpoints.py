@@ -17,7 +17,7 @@ import shlex
 from datetime import timedelta
 from urllib.parse import urlsplit
 
-from flask import flash, redirect, request, url_for
+from flask import current_app, flash, redirect, request, url_for
 
 from blueprints.dashboard import dashboard, one_time
 from blueprints.dashboard.rendering import (
@@ -30,7 +30,7 @@ from blueprints.dashboard.session import current_caller, is_htmx, signed_in
 from extensions import db
 from models.columns import utcnow
 from models.event_catalog import DEFAULT_SUBSCRIPTION, EVENT_NAMES, EVENT_TYPES, TEST_EVENT
-from models.webhook_endpoint import NO_ORDERING, SUBJECT_ORDERING
+from models.webhook_endpoint import MAX_IN_FLIGHT_RANGE, NO_ORDERING, SUBJECT_ORDERING
 from schemas.base import iso_timestamp
 from schemas.campaigns import CampaignSchema
 from schemas.dashboard import ExampleEventSchema
@@ -142,6 +142,8 @@ def _list_context(**extra) -> dict:
             "events": list(DEFAULT_SUBSCRIPTION),
             "ordering": NO_ORDERING,
             "campaignIds": [],
+            "maxInFlight": None,
+            "traceContext": False,
         },
         "errors": {},
     } | _filter_choices(brand_id, extra.get("form", {}).get("campaignIds", []))
@@ -149,11 +151,13 @@ def _list_context(**extra) -> dict:
 
 
 def _filter_choices(brand_id: str, chosen: list[str]) -> dict:
-    """What the ordering and campaign fields of an endpoint form offer: the brand's campaigns,
-    with those `chosen` among them."""
+    """What the ordering, campaign and in-flight fields of an endpoint form offer: the brand's
+    campaigns, with those `chosen` among them, and the limit an endpoint without its own has."""
     return {
         "ordering_choices": ORDERING_CHOICES,
         "campaigns": _campaigns.dump(campaign_choices(brand_id, including=chosen)),
+        "max_in_flight_range": MAX_IN_FLIGHT_RANGE,
+        "default_max_in_flight": current_app.extensions["settings"].webhook_endpoint_concurrency,
     }
 
 
@@ -204,6 +208,8 @@ def _submitted_form() -> dict:
         "events": request.form.getlist("events"),
         "ordering": request.form.get("ordering", NO_ORDERING),
         "campaignIds": request.form.getlist("campaignIds"),
+        "maxInFlight": request.form.get("maxInFlight", ""),
+        "traceContext": "true" in request.form.getlist("traceContext"),
     }
 
 
@@ -229,10 +235,13 @@ def _detail_context(record, **extra) -> dict:
         "failures": [
             {
                 "deliveryId": failure.delivery_id,
+                "eventId": failure.event_id,
                 "eventName": failure.event_name,
                 "attemptNumber": failure.attempt_number,
                 "requestedAt": iso_timestamp(failure.requested_at),
                 "error": failure.error,
+                "httpStatus": failure.http_status,
+                "responseBody": failure.response_body,
             }
             for failure in failures
         ],
@@ -253,6 +262,8 @@ def _detail_context(record, **extra) -> dict:
             "events": endpoint["events"],
             "ordering": endpoint["ordering"],
             "campaignIds": endpoint["campaignIds"],
+            "maxInFlight": endpoint["maxInFlight"],
+            "traceContext": endpoint["traceContext"],
         },
         "errors": {},
         **choices,
@@ -347,7 +358,7 @@ def endpoint_deliveries(endpoint_id: str):
 @dashboard.post("/endpoints/<id(whe):endpoint_id>")
 @signed_in(write=True)
 def edit_endpoint(endpoint_id: str):
-    """updateWebhookEndpoint with `url` and `events`."""
+    """updateWebhookEndpoint with the settings form's fields."""
     try:
         fields = load_form(_update_form)
         record = update_endpoint(

@@ -39,18 +39,39 @@ def render_confirmation(confirmation: dict, *, back: str):
 
 def load_form(schema: Schema) -> dict:
     """The form's fields as the schema loads them: a list field from its repeated inputs
-    (checkboxes; none ticked is an empty list), any other field as its single value when sent.
+    (checkboxes; none ticked is an empty list), a yes/no field from its checkbox, a number
+    field as its number, any other field as its single value when sent.
 
     :raise ValidationFailed: with the API's per-field errors.
     """
-    data: dict[str, str | list[str]] = {}
+    data: dict[str, object] = {}
     for name, field in schema.fields.items():
         key = field.data_key or name
         if isinstance(field, fields.List):
             data[key] = request.form.getlist(key)
-        elif key in request.form:
+        elif key not in request.form:
+            continue
+        elif isinstance(field, fields.Boolean):
+            # A checkbox beside a hidden input of its name: "false" says the form has the
+            # field, the checkbox's "true" that it is ticked.
+            data[key] = "true" in request.form.getlist(key)
+        elif isinstance(field, fields.Integer):
+            data[key] = _form_number(request.form[key])
+        else:
             data[key] = request.form[key]
     return load(schema, data)
+
+
+def _form_number(value: str) -> int | str | None:
+    """A number input's text as the JSON number it stands for; empty is none (null), and
+    anything else is left for the schema to refuse."""
+    text = value.strip()
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return value
 
 
 def chosen_filters(names: Iterable[str]) -> dict[str, str]:

@@ -24,6 +24,7 @@ from sqlalchemy import func, select, text, update
 from extensions import db
 from models import WebhookEndpoint
 from models.bulk_job import CATCH_UP, END_PENDING
+from models.webhook_delivery import LAST_ATTEMPT_BODY_CHARS
 from models.webhook_endpoint import endpoint_is_open_sql
 from schemas.events import event_data
 from services.delivery.bulk import request_job
@@ -130,20 +131,28 @@ def apply_news(news: dict[str, EndpointNews], *, policy: RetryPolicy) -> HealthA
             continue
         _, outcome = item.failures[-1]
         if row.before < failing_at <= row.consecutive_failures:
-            _announce(
-                ENDPOINT_FAILING, row, last_error=outcome.error_text, now=outcome.requested_at
-            )
+            # The failure that brought the run to the threshold (the run before this news
+            # counts unless a success in it reset the count).
+            crossing = failing_at - (0 if item.succeeded else row.before) - 1
+            attempt = item.failures[min(max(crossing, 0), len(item.failures) - 1)]
+            _announce(ENDPOINT_FAILING, row, attempt=attempt, now=outcome.requested_at)
         reason = _why_disable(item, row, policy)
         if reason is not None and disable_endpoint(
             item.endpoint_id,
             reason=reason,
             now=outcome.requested_at,
             by_service=True,
-            last_error=outcome.error_text,
+            failed=_disabling_attempt(item),
         ):
             disabled.append((item.endpoint_id, outcome.error_text or reason))
     carried = {key: item for key, item in news.items() if key not in applied}
     return HealthApplied(disabled=disabled, carried=carried)
+
+
+def _disabling_attempt(item: EndpointNews) -> tuple[Attempt, AttemptOutcome]:
+    """The failure a disable is for: the 410 Gone, else the last of the run."""
+    gone = [failure for failure in item.failures if failure[1].gone]
+    return gone[0] if gone else item.failures[-1]
 
 
 def _why_disable(item: EndpointNews, row, policy: RetryPolicy) -> str | None:
@@ -204,14 +213,16 @@ def disable_endpoint(
     reason: str,
     now: datetime,
     by_service: bool = False,
-    last_error: str | None = None,
+    failed: tuple[Attempt, AttemptOutcome] | None = None,
     first_batch: bool = False,
 ) -> bool:
     """Disable an open endpoint: no attempt starts from now on, and an `end_pending` job ends
     its pending deliveries `failed` in batches (an attempt in flight is recorded as it ends: a
     success is `delivered`); a person's request runs the first batch itself (`first_batch`),
     the delivery round never does. False when it was already disabled or deleted. When the
-    service does it (`by_service`: failures, a 410), `webhook.endpoint_disabled` says so."""
+    service does it (`by_service`), `webhook.endpoint_disabled` says so, with the `failed`
+    attempt that decided it (the last of a long run of failures, or a 410; none when the
+    service's operators did it by hand)."""
     disabled = db.session.execute(
         update(WebhookEndpoint)
         .where(WebhookEndpoint.id == endpoint_id, WebhookEndpoint.is_active)
@@ -234,7 +245,7 @@ def disable_endpoint(
         first_batch=first_batch,
     )
     if by_service:
-        _announce(ENDPOINT_DISABLED, disabled, last_error=last_error, now=now, disabled_at=now)
+        _announce(ENDPOINT_DISABLED, disabled, attempt=failed, now=now, disabled_at=now)
     return True
 
 
@@ -264,11 +275,12 @@ def _announce(
     name: str,
     endpoint,
     *,
-    last_error: str | None,
+    attempt: tuple[Attempt, AttemptOutcome] | None,
     now: datetime,
     disabled_at: datetime | None = None,
 ) -> None:
-    """An operational event about the endpoint, to the brand's other endpoints subscribed."""
+    """An operational event about the endpoint, to the brand's other endpoints subscribed,
+    with the failed `attempt` that made it (CONTRACT 13.4), if one did."""
     publish_event(
         brand_id=endpoint.brand_id,
         name=name,
@@ -278,13 +290,28 @@ def _announce(
                 "endpoint_id": endpoint.id,
                 "url": endpoint.url,
                 "consecutive_failures": endpoint.consecutive_failures,
-                "last_error": last_error,
+                "last_error": None if attempt is None else attempt[1].error_text,
                 "disabled_at": disabled_at,
+                "last_attempt": None if attempt is None else _last_attempt(*attempt),
             },
         ),
         except_endpoint_ids=[endpoint.id],
         now=now,
     )
+
+
+def _last_attempt(attempt: Attempt, outcome: AttemptOutcome) -> dict:
+    """An alert's `lastAttempt`, by the schema's attribute names."""
+    return {
+        "delivery_id": attempt.delivery_id,
+        "event_id": attempt.event_id,
+        "event_type": attempt.event_name,
+        "http_status": outcome.http_status,
+        "error": outcome.error_text,
+        "response_body": None
+        if outcome.response_body is None
+        else outcome.response_body[:LAST_ATTEMPT_BODY_CHARS],
+    }
 
 
 def count_disabled_endpoints() -> int:

@@ -44,6 +44,7 @@ from observability.metrics import (
     count_attempt,
     count_backing_service_error,
 )
+from observability.tracing import TRACEPARENT, AttemptTrace
 from services.connections import shut_socket
 from services.delivery.bulk import BulkRunner
 from services.delivery.health import EndpointNews, apply_news, news_of
@@ -505,6 +506,18 @@ class DeliveryLoop:
 
     async def _attempt(self, attempt: Attempt) -> None:
         outcome = None
+        # The `webhook.attempt` span (when exporting traces), in its event's trace.
+        trace = AttemptTrace(
+            attempt.traceparent,
+            {
+                "brand.id": attempt.brand_id,
+                "event.id": attempt.event_id,
+                "event.type": attempt.event_name,
+                "webhook.endpoint.id": attempt.endpoint_id,
+                "webhook.delivery.id": attempt.delivery_id,
+                "webhook.attempt.number": attempt.attempt_number,
+            },
+        )
         try:
             current, previous = self._secrets(attempt)
             if current is None:
@@ -522,12 +535,17 @@ class DeliveryLoop:
                     event_name=attempt.event_name,
                     event_id=attempt.event_id,
                     delivery_id=attempt.delivery_id,
+                    # Only to an endpoint that asked for it (CONTRACT 13.6).
+                    trace_headers=(
+                        {TRACEPARENT: trace.traceparent()} if attempt.trace_context else None
+                    ),
                 )
         except Exception as error:  # never lose track of a leased delivery
             log.exception("webhook attempt of %s failed unexpectedly", attempt.delivery_id)
             outcome = not_sent(f"{OWN_FAULT} failed ({type(error).__name__})", utcnow())
         finally:
             outcome = outcome or not_sent(f"{OWN_FAULT} stopped", utcnow())
+            trace.end(outcome.http_status, outcome.error_text)
             count_attempt(outcome.kind, outcome.duration_ms / 1000)
             del self._running[attempt.delivery_id]
             self._cohort.discard(attempt.delivery_id)

@@ -83,6 +83,7 @@ class Attempt:
     """One attempt to make now: a leased delivery and its endpoint as committed at the claim."""
 
     delivery_id: str
+    brand_id: str
     endpoint_id: str
     event_id: str
     event_name: str
@@ -97,6 +98,10 @@ class Attempt:
     start_by: float = float("inf")
     # The endpoint was failing at the claim: its success is news for its health.
     endpoint_failing: bool = False
+    # CONTRACT 13.6: the endpoint takes a `traceparent`; the trace context its event was
+    # published in (services/events.py), which the attempt joins.
+    trace_context: bool = False
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True)

@@ -282,6 +282,9 @@ def _take(connection, rows: list[tuple], pick: dict[str, Any], claim: dict[str, 
             token=token,
             start_by=start_by,
             endpoint_failing=row[9],
+            brand_id=row[10],
+            trace_context=row[11],
+            traceparent=row[12],
         )
         for row in taken
     ]
@@ -380,6 +383,7 @@ _TAKE = RawStatement.of(
     WITH {CLOCK},
     endpoint AS MATERIALIZED (
         SELECT e.id, e.url, e.secret_ciphertext, e.ordering = 'subject' AS ordered,
+               e.trace_context,
                e.consecutive_failures > 0 OR e.next_probe_at IS NOT NULL AS failing,
                CASE WHEN e.previous_secret_expires_at > {T}
                     THEN e.previous_secret_ciphertext END AS previous_secret_ciphertext,
@@ -482,6 +486,7 @@ _TAKE = RawStatement.of(
     a AS (SELECT * FROM leased UNION ALL SELECT * FROM relet)
     SELECT a.delivery_id, CAST(a.endpoint_id AS text), a.attempt_count, d.event_id, d.event_name,
            p.url, p.secret_ciphertext, p.previous_secret_ciphertext, v.body, p.failing,
+           d.brand_id, p.trace_context, v.traceparent,
            set_config('synchronous_commit', 'on', true)
     FROM a JOIN taken AS t ON t.delivery_id = a.delivery_id
     JOIN endpoint AS p ON p.id = a.endpoint_id

@@ -184,7 +184,10 @@ class Transport:
         event_id: str,
         delivery_id: str,
         previous_secret: str | None = None,
+        trace_headers: dict[str, str] | None = None,
     ) -> AttemptOutcome:
+        """One attempt: `trace_headers` (a `traceparent`, CONTRACT 13.6) go with the signed
+        ones, and into the attempt's record like them."""
         requested_at = utcnow()
         headers = delivery_headers(
             secret=secret,
@@ -195,6 +198,8 @@ class Transport:
             event_id=event_id,
             delivery_id=delivery_id,
         )
+        if trace_headers:
+            headers |= trace_headers
         progress = _Progress(started=time.perf_counter())
         _current.set(progress)
         outcome = _Outcome(requested_at, progress, headers)
