@@ -420,7 +420,7 @@ _ERASE_EVENTS = text(
     UPDATE webhook_events
     SET erased_at = statement_timestamp(),
         body = CASE WHEN strpos(body, ',"data":') > 0
-                    THEN left(body, strpos(body, ',"data":') - 1) || ',"data":null}'
+                    THEN left(body, strpos(body, ',"data":') - 1) || ',"data"\\:null}'
                     ELSE CAST(jsonb_set(CAST(body AS jsonb), ARRAY['data'], 'null') AS text)
                END
     WHERE id = ANY(CAST(:event_ids AS varchar[])) AND erased_at IS NULL
