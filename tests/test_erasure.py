@@ -13,7 +13,7 @@ from sqlalchemy import text
 from extensions import db
 from models.columns import utcnow
 from services.delivery.bulk import ERASE_BATCH_EVENTS, run_one_batch
-from tests.helpers import assert_error, assert_success
+from tests.helpers import assert_error
 from tests.receiver import Receiver, Reply
 from tests.test_webhook_delivery import Api, poll, publish
 from tests.worker_process import WorkerProcess, workers_started_by_test
