@@ -59,7 +59,7 @@ def test_where_it_went_and_sending_it_now_to_an_endpoint_it_skipped(app, client,
 
 def test_erasing_the_subject_asks_first_then_erases(app, client, brand, write_key, read_key):
     _endpoint(app, brand, "deals", ["deal.completed"])
-    [(first, _), (second, _)] = publish(
+    [(first, [delivery]), (second, _)] = publish(
         app,
         brand,
         ("deal.completed", {"id": "deal_1", "creator": "Ada Obi"}),
@@ -92,6 +92,9 @@ def test_erasing_the_subject_asks_first_then_erases(app, client, brand, write_ke
     assert "&#34;data&#34;: null" in page
     assert "Resend to endpoint" not in page and "Send it now" not in page
     assert "Bola Ade" in client.get(f"/dashboard/events/{other}").get_data(as_text=True)
+    refused = client.post(f"/dashboard/deliveries/{delivery}/redeliver", data={"csrf_token": token})
+    assert refused.status_code == 409
+    assert "was erased" in refused.get_data(as_text=True)
 
     # With htmx, the dialog asked; the answer sends the page to the event again.
     again = client.post(f"/dashboard/events/{first}/erase-subject", headers=htmx(token))
