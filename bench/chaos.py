@@ -50,6 +50,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -356,21 +357,30 @@ def erase_under_load(app, base: str, erased_brand: str, key: str, load_brand: st
     erase_seconds = time.monotonic() - asked
     window_end = now_in_database()
     log(f"erase-subject: job finished={finished} after {erase_seconds:.1f} s")
+    lags = text(
+        """
+        SELECT count(*) AS deliveries,
+               percentile_cont(0.5) WITHIN GROUP (ORDER BY lag) AS p50,
+               percentile_cont(0.99) WITHIN GROUP (ORDER BY lag) AS p99,
+               max(lag) AS worst
+        FROM (SELECT CAST(EXTRACT(EPOCH FROM delivered_at - created_at) AS float) * 1000 AS lag
+              FROM webhook_deliveries
+              WHERE brand_id = :brand AND created_at BETWEEN :start AND :end
+                AND status = 'delivered') AS d
+        """
+    )
     with app.app_context():
         figures = db.session.execute(
-            text(
-                """
-                SELECT count(*) AS deliveries,
-                       percentile_cont(0.5) WITHIN GROUP (ORDER BY lag) AS p50,
-                       percentile_cont(0.99) WITHIN GROUP (ORDER BY lag) AS p99,
-                       max(lag) AS worst
-                FROM (SELECT EXTRACT(EPOCH FROM delivered_at - created_at) * 1000 AS lag
-                      FROM webhook_deliveries
-                      WHERE brand_id = :brand AND created_at BETWEEN :start AND :end
-                        AND status = 'delivered') AS d
-                """
-            ),
-            {"brand": load_brand, "start": window_start, "end": window_end},
+            lags, {"brand": load_brand, "start": window_start, "end": window_end}
+        ).one()
+        # The same load in the 4 s before the request: the run's own ceiling to compare with.
+        before = db.session.execute(
+            lags,
+            {
+                "brand": load_brand,
+                "start": window_start - timedelta(seconds=4),
+                "end": window_start,
+            },
         ).one()
         left = db.session.execute(
             text(
@@ -403,6 +413,8 @@ def erase_under_load(app, base: str, erased_brand: str, key: str, load_brand: st
         "erase_p50_ms": round(figures.p50 or 0, 1),
         "erase_p99_ms": round(figures.p99 or 0, 1),
         "erase_worst_ms": round(figures.worst or 0, 1),
+        "before_p50_ms": round(before.p50 or 0, 1),
+        "before_p99_ms": round(before.p99 or 0, 1),
     }
 
 
