@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from extensions import db
 from services.webhook_endpoints import update_endpoint
+from tests.browser import expect, sign_in_with_key
 from tests.dashboard import htmx, sign_in
 from tests.test_dashboard_events import LOCAL_URLS, _deliveries_of, _endpoint
 from tests.test_webhook_delivery import publish
@@ -99,3 +102,35 @@ def test_erasing_the_subject_asks_first_then_erases(app, client, brand, write_ke
     # With htmx, the dialog asked; the answer sends the page to the event again.
     again = client.post(f"/dashboard/events/{first}/erase-subject", headers=htmx(token))
     assert again.headers["HX-Redirect"] == f"/dashboard/events/{first}"
+
+
+@pytest.mark.parametrize("javascript", [True, False], ids=["js", "no-js"])
+def test_in_a_browser_send_it_now_then_erase_behind_a_confirmation(
+    app, brand, write_key, open_page, javascript
+):
+    skipped = _endpoint(app, brand, "later", ["escrow.released"])
+    [(event_id, _)] = publish(app, brand, ("deal.completed", {"id": "deal_1", "creator": "Ada"}))
+    page = open_page(javascript=javascript)
+    sign_in_with_key(page, write_key)
+    page.goto(f"/dashboard/events/{event_id}")
+    row = page.locator(f"#route-{skipped}")
+    expect(row).to_contain_text("not subscribed")
+    row.get_by_role("button", name="Send it now").click()
+    expect(page.locator(f"#route-{skipped}")).to_contain_text("sent")
+
+    dialogs: list[str] = []
+
+    def confirm(dialog) -> None:
+        dialogs.append(dialog.message)
+        dialog.accept()
+
+    page.once("dialog", confirm)
+    page.get_by_role("button", name="Erase…").click()
+    if not javascript:  # a page asks first
+        expect(page.get_by_role("heading", name="Erase the data of deal deal_1?")).to_be_visible()
+        page.get_by_role("button", name="Erase subject's data").click()
+    expect(page.get_by_text("Its data was erased")).to_be_visible()
+    expect(page.get_by_text("Erasing the data of 1 event(s) of deal deal_1")).to_be_visible()
+    assert page.url.endswith(f"/dashboard/events/{event_id}")
+    assert "Ada" not in page.locator("#event-body").inner_text()
+    assert len(dialogs) == (1 if javascript else 0)
