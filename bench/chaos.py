@@ -17,6 +17,9 @@ a brand with 8 endpoints, each postback fanning out as `conversion.recorded` to 
                           (pg_terminate_backend), three times, 2 s apart
   make-run-worker-kill    under `make run` (scripts/run.py), its worker is SIGKILLed; run.py
                           must start it again by itself (the API answering throughout)
+  erase-subject           another brand erases a subject of 100,000 events (each with a
+                          delivery and an answer, the newest 100 pending) through the API;
+                          the load brand's deliveries must stay at p99 < 1 s (CONTRACT 13.3)
 
 and measures, once the fault is over: every postback the API accepted (201) must reach each
 healthy endpoint (a hostile one's deliveries are recorded, not counted here: they are
@@ -47,6 +50,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,7 +82,12 @@ SCENARIOS = (
     "hostile-several",
     "listen-terminated",
     "make-run-worker-kill",
+    "erase-subject",
 )
+# erase-subject: the erased brand's subject, and what the load brand's deliveries may take.
+ERASED_EVENTS = 100_000
+ERASED_PENDING = 100
+ERASE_P99_TARGET_MS = 1000
 HOSTILE = {
     "hostile-one": ("/nul",),
     "hostile-several": ("/nul", "/gzip-bomb", "/not-http", "/header-flood", "/drip"),
@@ -209,6 +218,204 @@ def terminate_listeners(url: str) -> int:
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
             " WHERE application_name LIKE '%listener'"
         ).fetchone()[0]
+
+
+# The erased brand's subject: events 1..N of one deal, a second apart, each delivered once with
+# the receiver's answer stored; the newest ERASED_PENDING still pending, waiting for a retry.
+_SEED_SUBJECT = """
+    WITH made AS (
+        SELECT n, now() - make_interval(secs => :count - n) AS at
+        FROM generate_series(1, :count) AS n
+    ),
+    events AS (
+        INSERT INTO webhook_events (
+            id, brand_id, name, body, created_at, subject_type, subject_id, sequence
+        )
+        SELECT 'evt_erase' || n, :brand, 'deal.completed',
+               '{"id":"evt_erase' || n || '","type":"deal.completed","sequence":' || n
+               || ',"data":{"id":"deal_erased","creator":"Ada Obi","n":' || n || '}}',
+               at, 'deal', 'deal_erased', n
+        FROM made
+    ),
+    counter AS (
+        INSERT INTO webhook_event_subjects (brand_id, subject_type, subject_id, last_sequence)
+        VALUES (:brand, 'deal', 'deal_erased', :count)
+    ),
+    deliveries AS (
+        INSERT INTO webhook_deliveries (
+            id, brand_id, endpoint_id, event_id, event_name, status, attempt_count,
+            created_at, delivered_at, next_attempt_at
+        )
+        SELECT 'whd_erase' || n, :brand, :endpoint, 'evt_erase' || n, 'deal.completed',
+               CASE WHEN n > :count - :pending THEN 'pending' ELSE 'delivered' END, 1, at,
+               CASE WHEN n <= :count - :pending THEN at END,
+               CASE WHEN n > :count - :pending THEN now() + interval '1 hour' END
+        FROM made
+    ),
+    queued AS (
+        INSERT INTO webhook_delivery_queue (delivery_id, endpoint_id, next_attempt_at,
+                                            attempt_count)
+        SELECT 'whd_erase' || n, :endpoint, now() + interval '1 hour', 1
+        FROM made WHERE n > :count - :pending
+    )
+    INSERT INTO webhook_attempts (
+        delivery_id, endpoint_id, attempt_number, requested_at, duration_ms, http_status,
+        error, response_body, request_headers
+    )
+    SELECT 'whd_erase' || n, :endpoint, 1, at, 20,
+           CASE WHEN n > :count - :pending THEN 500 ELSE 200 END,
+           CASE WHEN n > :count - :pending THEN 'HTTP 500' END,
+           'thanks for deal_erased #' || n || ', Ada Obi', '{}'
+    FROM made
+"""
+
+
+def seed_erased_subject(app, receiver: str) -> tuple[str, str]:
+    """A brand with one endpoint and a subject of ERASED_EVENTS events; its id and a key."""
+    from sqlalchemy import text
+
+    from extensions import db
+    from services.api_keys import create_api_key
+    from services.brands import create_brand
+    from services.endpoint_urls import UrlPolicy
+    from services.webhook_endpoints import register_endpoint
+
+    started = time.monotonic()
+    with app.app_context():
+        brand = create_brand(name="Chaos erased", plan="growth").id
+        key = create_api_key(
+            brand_id=brand, name="erase", scopes=("read", "write"), created_by="bench"
+        ).secret
+        endpoint = register_endpoint(
+            brand_id=brand,
+            url=f"{receiver}/erased",
+            events=["deal.completed"],
+            policy=UrlPolicy(https_only=False, allow_local=True),
+        ).id
+        db.session.execute(
+            text(_SEED_SUBJECT),
+            {
+                "brand": brand,
+                "endpoint": endpoint,
+                "count": ERASED_EVENTS,
+                "pending": ERASED_PENDING,
+            },
+        )
+        db.session.commit()
+        db.session.execute(text("ANALYZE webhook_events, webhook_deliveries, webhook_attempts"))
+        db.session.commit()
+        db.session.remove()
+    log(f"erase-subject: {ERASED_EVENTS} events seeded in {time.monotonic() - started:.1f} s")
+    return brand, key
+
+
+def erase_under_load(app, base: str, erased_brand: str, key: str, load_brand: str) -> dict:
+    """Erase the subject through the API, wait for its job to finish, and measure the load
+    brand's deliveries meanwhile (created after the request, until the job finished): the
+    time from the event to its delivery's 2xx."""
+    from sqlalchemy import text
+
+    from extensions import db
+
+    def now_in_database():
+        with app.app_context():
+            value = db.session.execute(text("SELECT statement_timestamp()")).scalar_one()
+            db.session.remove()
+        return value
+
+    window_start = now_in_database()
+    request = urllib.request.Request(  # noqa: S310 - our own http:// URL
+        f"{base}/api/v1/brand/{erased_brand}/subject/deal:deal_erased/erase",
+        method="POST",
+        headers={"X-Api-Key": key},
+    )
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    asked = time.monotonic()
+    with opener.open(request, timeout=30) as response:
+        answer = json.loads(response.read())
+        status = response.status
+    request_ms = (time.monotonic() - asked) * 1000
+    log(f"erase-subject: {status} {answer['data']} in {request_ms:.0f} ms")
+    finished = False
+    batches_seen = set()
+    until = time.monotonic() + 600
+    while time.monotonic() < until:
+        with app.app_context():
+            job = db.session.execute(
+                text(
+                    "SELECT done, finished_at FROM webhook_bulk_jobs"
+                    " WHERE kind = 'erase_subject' AND brand_id = :brand"
+                ),
+                {"brand": erased_brand},
+            ).one()
+            db.session.remove()
+        batches_seen.add(job.done)
+        if job.finished_at is not None:
+            finished = True
+            break
+        time.sleep(0.2)
+    erase_seconds = time.monotonic() - asked
+    window_end = now_in_database()
+    log(f"erase-subject: job finished={finished} after {erase_seconds:.1f} s")
+    lags = text(
+        """
+        SELECT count(*) AS deliveries,
+               percentile_cont(0.5) WITHIN GROUP (ORDER BY lag) AS p50,
+               percentile_cont(0.99) WITHIN GROUP (ORDER BY lag) AS p99,
+               max(lag) AS worst
+        FROM (SELECT CAST(EXTRACT(EPOCH FROM delivered_at - created_at) AS float) * 1000 AS lag
+              FROM webhook_deliveries
+              WHERE brand_id = :brand AND created_at BETWEEN :start AND :end
+                AND status = 'delivered') AS d
+        """
+    )
+    with app.app_context():
+        figures = db.session.execute(
+            lags, {"brand": load_brand, "start": window_start, "end": window_end}
+        ).one()
+        # The same load in the 4 s before the request: the run's own ceiling to compare with.
+        before = db.session.execute(
+            lags,
+            {
+                "brand": load_brand,
+                "start": window_start - timedelta(seconds=4),
+                "end": window_start,
+            },
+        ).one()
+        left = db.session.execute(
+            text(
+                """
+                SELECT (SELECT count(*) FROM webhook_events
+                        WHERE brand_id = :brand AND erased_at IS NULL) AS events_left,
+                       (SELECT count(*) FROM webhook_attempts
+                        WHERE delivery_id LIKE 'whd_erase%' AND response_body IS NOT NULL)
+                           AS answers_left,
+                       (SELECT count(*) FROM webhook_deliveries
+                        WHERE brand_id = :brand AND status = 'pending') AS pending_left,
+                       (SELECT count(*) FROM webhook_deliveries
+                        WHERE brand_id = :brand AND last_error = 'erased') AS ended_erased
+                """
+            ),
+            {"brand": erased_brand},
+        ).one()
+        db.session.remove()
+    return {
+        "erase_events": answer["data"]["events"],
+        "erase_request_ms": round(request_ms, 1),
+        "erase_seconds": round(erase_seconds, 1),
+        "erase_finished": finished
+        and left.events_left == 0
+        and left.answers_left == 0
+        and left.pending_left == 0
+        and left.ended_erased == ERASED_PENDING,
+        "erase_progress_samples": len(batches_seen),
+        "deliveries_during_erase": figures.deliveries,
+        "erase_p50_ms": round(figures.p50 or 0, 1),
+        "erase_p99_ms": round(figures.p99 or 0, 1),
+        "erase_worst_ms": round(figures.worst or 0, 1),
+        "before_p50_ms": round(before.p50 or 0, 1),
+        "before_p99_ms": round(before.p99 or 0, 1),
+    }
 
 
 def start_make_run(processes: Processes, env: dict[str, str]):
@@ -385,6 +592,8 @@ def run(workdir: Path, processes: Processes, args) -> dict:
                         policy=local,
                     )
                 db.session.commit()
+            if scenario == "erase-subject":
+                erased_brand, erased_key = seed_erased_subject(app, receiver)
             if scenario == "make-run-worker-kill":
                 # From here on, `make run` serves the API and runs the worker.
                 processes.stop(worker)
@@ -451,6 +660,8 @@ def run(workdir: Path, processes: Processes, args) -> dict:
                 log(f"{scenario}: worker {child} killed, {restarted} started; /healthz {health}")
                 extra["healthz_failures"] = health.failures
                 extra["healthz_checks"] = health.checks
+            elif scenario == "erase-subject":
+                extra.update(erase_under_load(app, base, erased_brand, erased_key, brand))
             fault_over = time.monotonic()
             log(f"{scenario}: fault over; load goes on 3 s")
             time.sleep(3)
@@ -500,6 +711,8 @@ def run(workdir: Path, processes: Processes, args) -> dict:
             and r["recovery_seconds"] is not None
             and r["recovery_seconds"] <= target
             and r.get("healthz_failures", 0) == 0
+            and r.get("erase_p99_ms", 0) < ERASE_P99_TARGET_MS
+            and r.get("erase_finished", True)
             for r in results.values()
         )
         return {

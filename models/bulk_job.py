@@ -1,7 +1,7 @@
 """A change to a brand's deliveries that grows with its data (ending a closed endpoint's pending
-deliveries, retry-now, catching up after an outage, releasing holds), recorded by the request or
-the round that decided it and carried out by the workers in bounded batches
-(services/delivery/bulk.py)."""
+deliveries, retry-now, catching up after an outage, releasing holds, erasing a subject),
+recorded by the request or the round that decided it and carried out by the workers in bounded
+batches (services/delivery/bulk.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ END_PENDING = "end_pending"
 RETRY_NOW = "retry_now"
 CATCH_UP = "catch_up"
 RELEASE_HELD = "release_held"
-BULK_JOB_KINDS = (END_PENDING, RETRY_NOW, CATCH_UP, RELEASE_HELD)
+# CONTRACT 13.3: a brand's subject (`subject_key`) erased, newest event first.
+ERASE_SUBJECT = "erase_subject"
+BULK_JOB_KINDS = (END_PENDING, RETRY_NOW, CATCH_UP, RELEASE_HELD, ERASE_SUBJECT)
 
 
 class BulkJob(Model):
@@ -55,6 +57,9 @@ class BulkJob(Model):
     subject_key: Mapped[str | None] = mapped_column(String(80), nullable=True)
     # What the job writes where it needs words (the last error of the deliveries it ends).
     note: Mapped[str | None] = mapped_column(String(500), nullable=True)
+    # Where a job that walks rows in order got to (erase_subject: the sequence of the next
+    # event to erase, walking down).
+    position: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     # The job concerns what was there at this time (deliveries created, or waiting, before it).
     requested_at: Mapped[datetime] = mapped_column(UTCDateTime())
     # Rows changed so far: the job's progress, shown while it runs.

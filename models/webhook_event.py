@@ -6,6 +6,8 @@ from __future__ import annotations
 from datetime import datetime
 
 from sqlalchemy import BigInteger, ForeignKey, Index, Integer, String, Text, text
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.ext.hybrid import hybrid_property
 from sqlalchemy.orm import Mapped, mapped_column
 
 from extensions import Model
@@ -20,6 +22,13 @@ SUBJECT_TYPE_MAX_LENGTH = 16
 SUBJECT_ID_MAX_LENGTH = 64
 # A W3C `traceparent` of version 00: `00-` + 32 hex + `-` + 16 hex + `-` + 2 hex.
 TRACEPARENT_LENGTH = 55
+# CONTRACT 13.2: where an event went: sent, or why not. The publisher stores the last two
+# (`passed_over`); services/event_routing.py derives the others.
+SENT = "sent"
+NOT_SUBSCRIBED = "not_subscribed"
+FILTERED = "filtered"
+DISABLED = "disabled"
+ROUTING_OUTCOMES = (SENT, NOT_SUBSCRIBED, FILTERED, DISABLED)
 
 
 class WebhookEvent(Model):
@@ -57,6 +66,22 @@ class WebhookEvent(Model):
     # CONTRACT 13.6: the trace context of the API request that published it, which each of its
     # delivery attempts joins (null: none, or published outside a request).
     traceparent: Mapped[str | None] = mapped_column(String(TRACEPARENT_LENGTH), nullable=True)
+    # CONTRACT 13.2: the endpoints subscribed to the event that the publisher passed over, and
+    # why (`{endpoint id: FILTERED | DISABLED}`); null when it passed over none. Only what
+    # cannot be read back later: services/event_routing.py derives the rest.
+    passed_over: Mapped[dict[str, str] | None] = mapped_column(JSONB, nullable=True)
+    # CONTRACT 13.3: when its data was erased (the body keeps its envelope, `data` null).
+    erased_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+    @hybrid_property
+    def is_erased(self) -> bool:
+        """Its data was erased: it is never delivered again. Also usable in queries."""
+        return self.erased_at is not None
+
+    @is_erased.inplace.expression
+    @classmethod
+    def _is_erased_expression(cls):
+        return cls.erased_at.is_not(None)
 
     @property
     def subject_key(self) -> str:

@@ -11,7 +11,7 @@ from models.event_catalog import EVENT_NAMES, sample_data
 from models.event_subjects import SUBJECT_TYPES, parse_subject_key
 from models.paging import ASCENDING, DESCENDING
 from models.webhook_delivery import DELIVERY_STATUSES
-from models.webhook_event import SUBJECT_ID_MAX_LENGTH
+from models.webhook_event import ROUTING_OUTCOMES, SUBJECT_ID_MAX_LENGTH
 from schemas.base import ApiSchema, ResourceId, Timestamp
 from schemas.webhooks import DELIVERY_ID_EXAMPLE, ENDPOINT_ID_EXAMPLE
 
@@ -57,9 +57,10 @@ class SubjectKey(fields.String):
 
     PATTERN = f"^(?:{'|'.join(SUBJECT_TYPES)}):[^\\x00-\\x1f\\x7f]{{1,{SUBJECT_ID_MAX_LENGTH}}}$"
 
-    def __init__(self, **options) -> None:
+    def __init__(self, description: str | None = None, **options) -> None:
         metadata = {
-            "description": "Only the events of this subject (the record an event is a step "
+            "description": description
+            or "Only the events of this subject (the record an event is a step "
             "of: the body's `subject`), as `type:id`, in their `sequence` order: "
             f"`deal:deal_…`, `campaign:cmp_…`; types {', '.join(SUBJECT_TYPES)}. `after` is "
             "then one of that subject's events. A value of another form is a VALIDATION_ERROR.",
@@ -179,12 +180,21 @@ class FeedEventSchema(ApiSchema):
         },
     )
     data = fields.Dict(
+        allow_none=True,
         metadata={
             "description": "Exactly the `data` its webhook deliveries carry: the record the "
             "event is about (each type's shape is in the event catalogue and the webhook "
-            "callbacks of this document).",
+            "callbacks of this document). Null once the event was erased (`erasedAt`).",
             "example": sample_data("deal.completed"),
-        }
+        },
+    )
+    erased_at = Timestamp(
+        allow_none=True,
+        metadata={
+            "description": "When the event's data was erased with its subject (eraseSubject), "
+            "or null: it keeps its id, type, subject, sequence and times.",
+            "example": None,
+        },
     )
 
 
@@ -231,4 +241,58 @@ class EventDetailSchema(FeedEventSchema):
             "description": "Every delivery of the event, redeliveries included, oldest first; "
             "empty when no endpoint was subscribed."
         },
+    )
+
+
+class EventRouteSchema(ApiSchema):
+    endpoint_id = fields.String(metadata={"example": ENDPOINT_ID_EXAMPLE})
+    outcome = fields.String(
+        validate=validate.OneOf(ROUTING_OUTCOMES),
+        metadata={
+            "description": "`sent`: a delivery of the event to that endpoint exists; "
+            "`not_subscribed`: the endpoint's `events` did not include its type; `filtered`: "
+            "its `campaignIds` left the event out (or, for an alert about the endpoint itself, "
+            "the service did); `disabled`: the endpoint was subscribed but disabled when the "
+            "event was published. Decided as things stood at publish time.",
+            "example": "sent",
+        },
+    )
+    delivery_id = fields.String(
+        allow_none=True,
+        metadata={
+            "description": "The first delivery of the event to that endpoint when `sent`, "
+            "else null.",
+            "example": DELIVERY_ID_EXAMPLE,
+        },
+    )
+
+
+class EventRoutingSchema(ApiSchema):
+    event_id = fields.String(metadata={"example": EVENT_ID_EXAMPLE})
+    endpoints = fields.List(
+        fields.Nested(EventRouteSchema),
+        metadata={
+            "description": "One entry for each endpoint of the brand that existed when the "
+            "event was published and still exists, oldest endpoint first."
+        },
+    )
+
+
+class SubjectPathSchema(ApiSchema):
+    subject = SubjectKey(
+        required=True,
+        description="The record whose events to erase (the body's `subject` of each), as "
+        f"`type:id`: `deal:deal_…`, `campaign:cmp_…`, `conversion:conv_…`; types "
+        f"{', '.join(SUBJECT_TYPES)}. A value of another form is a VALIDATION_ERROR.",
+    )
+
+
+class ErasedSubjectSchema(ApiSchema):
+    subject = fields.Nested(SubjectSchema)
+    events = fields.Integer(
+        metadata={
+            "description": "How many events of the subject the brand has: every one of them "
+            "is erased (the newest before this answer, the rest within moments).",
+            "example": 12,
+        }
     )

@@ -377,6 +377,7 @@ def redeliver(*, brand_id: str, delivery_id: str, now: datetime | None = None) -
     The original notes it (`redelivered_as`), so recover does not send it once more.
 
     :raise NotFound: no such delivery, or its endpoint was deleted or is disabled.
+    :raise Conflict: its event was erased.
     """
     original = get_delivery(brand_id, delivery_id)
     _endpoint_taking_deliveries(original.endpoint_id, "The endpoint of this delivery")
@@ -399,7 +400,8 @@ def send_event_again(
     whatever the endpoint subscribes to, as a test ping is. The new delivery's id.
 
     :raise NotFound: no such event or endpoint in this brand, or the endpoint is disabled or
-        deleted."""
+        deleted.
+    :raise Conflict: the event was erased."""
     event_name = db.session.scalar(
         select(WebhookEvent.name).where(
             WebhookEvent.id == event_id, WebhookEvent.brand_id == brand_id
@@ -442,11 +444,13 @@ def recover_failed_deliveries(
 ) -> Recovered:
     """A new delivery of every `failed` delivery of the endpoint created in [since, until)
     (until: now by default) that was neither recovered nor redelivered yet, in the order they
-    were created (CONTRACT 8.3). Run twice, the second finds nothing more to queue: each
-    original notes its new delivery, under a row lock a concurrent recover waits for.
+    were created (CONTRACT 8.3); deliveries of erased events are left out (CONTRACT 13.3). Run
+    twice, the second finds nothing more to queue: each original notes its new delivery, under
+    a row lock a concurrent recover waits for.
 
     :raise ValidationFailed: `since` more than 14 days ago, or not before `until`.
     :raise NotFound: no such endpoint in this brand, or it is disabled or deleted.
+    :raise Conflict: an event among them was erased meanwhile.
     """
     now = now or utcnow()
     errors = {}
@@ -469,6 +473,10 @@ def recover_failed_deliveries(
             WebhookDelivery.redelivered_as.is_(None),
             WebhookDelivery.created_at >= since,
             WebhookDelivery.created_at < until,
+            # An erased event is not sent again (CONTRACT 13.3): recover leaves it out.
+            ~select(WebhookEvent.id)
+            .where(WebhookEvent.id == WebhookDelivery.event_id, WebhookEvent.is_erased)
+            .exists(),
         )
         .order_by(WebhookDelivery.created_at, WebhookDelivery.id)
         .with_for_update()

@@ -105,12 +105,14 @@ class FeedEvent:
     created_at: datetime
     subject: Subject
     sequence: int
-    data: dict
+    # Null once erased (CONTRACT 13.3), with `erased_at` set.
+    data: dict | None
+    erased_at: datetime | None
 
     @classmethod
     def of_row(cls, row) -> FeedEvent:
         """From a row with the event's id, name, created_at, subject_type, subject_id,
-        sequence and body."""
+        sequence, body and erased_at."""
         return cls(
             id=row.id,
             type=row.name,
@@ -118,6 +120,7 @@ class FeedEvent:
             subject=Subject(type=row.subject_type, id=row.subject_id),
             sequence=row.sequence,
             data=json.loads(row.body)["data"],
+            erased_at=row.erased_at and row.erased_at.astimezone(UTC),
         )
 
 
@@ -272,6 +275,7 @@ class _FeedRow(NamedTuple):
     subject_id: str
     sequence: int
     body: str
+    erased_at: datetime | None
     settled: bool
 
 
@@ -328,7 +332,8 @@ _FEED = psycopg_sql(
         LIMIT :limit
     )
     SELECT event.id, event.name, event.created_at, event.subject_type, event.subject_id,
-           event.sequence, event.body, candidates.xact_id < horizon.xmin AS settled
+           event.sequence, event.body, event.erased_at,
+           candidates.xact_id < horizon.xmin AS settled
     FROM candidates
     JOIN webhook_events AS event ON event.id = candidates.id
     CROSS JOIN horizon
@@ -420,7 +425,7 @@ _FEED_BACK = psycopg_sql(
         LIMIT :limit
     )
     SELECT event.id, event.name, event.created_at, event.subject_type, event.subject_id,
-           event.sequence, event.body, TRUE AS settled
+           event.sequence, event.body, event.erased_at, TRUE AS settled
     FROM candidates
     JOIN webhook_events AS event ON event.id = candidates.id
     ORDER BY candidates.xact_id DESC, candidates.position DESC
@@ -528,6 +533,7 @@ def subject_events(
             WebhookEvent.subject_id,
             WebhookEvent.sequence,
             WebhookEvent.body,
+            WebhookEvent.erased_at,
         )
         # One range of ix_webhook_events_subject (brand, subject type, subject id, sequence).
         .where(
@@ -567,8 +573,9 @@ class EventDetail:
     created_at: datetime
     subject: Subject
     sequence: int
-    data: dict
+    data: dict | None
     body: str
+    erased_at: datetime | None
     deliveries: list[EventDelivery] = field(default_factory=list)
 
 
@@ -601,6 +608,7 @@ def get_event(brand_id: str, event_id: str) -> EventDetail:
         sequence=event.sequence,
         data=json.loads(event.body)["data"],
         body=event.body,
+        erased_at=event.erased_at,
         deliveries=[EventDelivery(**row._mapping) for row in deliveries],
     )
 

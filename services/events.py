@@ -14,7 +14,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import ARRAY, String, bindparam, text
+from sqlalchemy import ARRAY, String, bindparam, select, text
 
 from extensions import db
 from models import WebhookDelivery, WebhookEvent
@@ -23,10 +23,11 @@ from models.event_catalog import API_VERSION, EVENT_NAMES, is_event_name
 from models.event_subjects import EventSubject, event_subject
 from models.webhook_delivery import PENDING
 from models.webhook_endpoint import SUBJECT_ORDERING, endpoint_is_open_sql
+from models.webhook_event import DISABLED, FILTERED
 from observability.tracing import publishing_traceparent
 from schemas.base import iso_timestamp
 from services.delivery.queue import ENQUEUE_CTES, RECEIVING_COLUMNS
-from services.errors import ValidationFailed
+from services.errors import Conflict, ValidationFailed
 from services.wakeups import NOTIFY_BRAND_SQL
 
 
@@ -197,9 +198,25 @@ def deliver_again(
     """One more delivery of each stored event, `(event id, event name)`, to one endpoint
     (redeliver, recover, resend): the same body, a new delivery id, due now. Their ids, which
     sort in the order given, so the worker sends them in that order (an endpoint that orders
-    by subject holds each behind any earlier one of its subject still pending)."""
+    by subject holds each behind any earlier one of its subject still pending).
+
+    :raise Conflict: one of the events was erased (CONTRACT 13.3): it is never sent again."""
     now = now or utcnow()
     delivery_ids = [new_id("whd") for _ in events]
+    # Read under a share lock, which an erasure's batch waits for (and this for it): an event
+    # is erased either after these deliveries exist (and ends them) or before (and refuses).
+    erased = [
+        row.id
+        for row in db.session.execute(
+            select(WebhookEvent.id, WebhookEvent.is_erased.label("erased"))
+            .where(WebhookEvent.id.in_({event_id for event_id, _ in events}))
+            .order_by(WebhookEvent.id)
+            .with_for_update(read=True, of=WebhookEvent)
+        )
+        if row.erased
+    ]
+    if erased:
+        raise Conflict(f"Event {erased[0]} was erased: its data is gone and it is not sent again")
     if delivery_ids:
         db.session.execute(
             _DELIVER_AGAIN,
@@ -229,19 +246,35 @@ def _dumps(value: dict) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
-# Who receives an event, decided here only: the brand's open endpoints subscribed to it whose
-# campaign filter lets it through (CONTRACT 12.3); for the test ping (`only_endpoint_ids`), the
-# brand's open endpoints among those named, whatever their subscriptions and filters; for an
-# operational event (`except_endpoint_ids`), the receiving ones but the endpoint it is about.
+# Who receives an event, decided here only, and why a subscribed endpoint that exists does not
+# (CONTRACT 13.2: stored with the event, as `passed_over`). Each rule is (the endpoints it
+# considers, which of them receive it, why one considered is passed over, or NULL):
+# - an event of the brand: its endpoints subscribed to it; the open ones whose campaign filter
+#   lets it through (CONTRACT 12.3) receive it; the others were `filtered` (the filter first:
+#   a closed endpoint that filters the event out would not have got it open) or `disabled`;
+# - the test ping and an example (`only_endpoint_ids`): the open endpoints named, whatever
+#   their subscriptions and filters; none is passed over (the others were not addressed);
+# - an operational event (`except_endpoint_ids`): as an event of the brand, but the endpoint
+#   it is about, which the service filters out (`disabled` when it was closed).
+# An endpoint that existed and got nothing and is not listed was not subscribed.
+_OPEN = endpoint_is_open_sql("endpoint")
 _FILTERED_IN = (
-    "(endpoint.campaign_ids IS NULL OR event.name LIKE 'webhook.%'"
-    " OR event.campaign_id = ANY(endpoint.campaign_ids))"
+    "(endpoint.campaign_ids IS NULL OR CAST(:event_name AS varchar) LIKE 'webhook.%'"
+    " OR COALESCE({campaign} = ANY(endpoint.campaign_ids), false))"
 )
+_SUBSCRIBED_TO_IT = "endpoint.events ? CAST(:event_name AS varchar)"
 _SUBSCRIBED = (
-    endpoint_is_open_sql("endpoint") + " AND endpoint.events ? event.name AND " + _FILTERED_IN
+    _SUBSCRIBED_TO_IT,
+    f"{_OPEN} AND {_FILTERED_IN}",
+    f"CASE WHEN NOT {_FILTERED_IN} THEN '{FILTERED}' WHEN NOT ({_OPEN}) THEN '{DISABLED}' END",
 )
-_NAMED = endpoint_is_open_sql("endpoint") + " AND endpoint.id = ANY(:only_endpoint_ids)"
-_SUBSCRIBED_OTHERS = _SUBSCRIBED + " AND endpoint.id <> ALL(:except_endpoint_ids)"
+_NAMED = ("endpoint.id = ANY(:only_endpoint_ids)", _OPEN, "NULL")
+_SUBSCRIBED_OTHERS = (
+    _SUBSCRIBED_TO_IT,
+    f"{_OPEN} AND {_FILTERED_IN} AND endpoint.id <> ALL(:except_endpoint_ids)",
+    f"CASE WHEN NOT {_FILTERED_IN} THEN '{FILTERED}' WHEN NOT ({_OPEN}) THEN '{DISABLED}'"
+    f" WHEN endpoint.id = ANY(:except_endpoint_ids) THEN '{FILTERED}' END",
+)
 
 # The event and its fan-out, as CTEs of one statement:
 # - `subject_counted` (with `{sequence}` reading it) numbers the event in its subject's life; a
@@ -249,8 +282,10 @@ _SUBSCRIBED_OTHERS = _SUBSCRIBED + " AND endpoint.id <> ALL(:except_endpoint_ids
 #   conversion, numbered 1 without one);
 # - `event` inserts the event from the rows of `{source}` (one row, or none to publish nothing)
 #   with the body `{body}` and the campaign `{campaign}`, SQL expressions;
-# - `receiving` locks the endpoints that receive it FOR KEY SHARE (one closed meanwhile is read
-#   again and left out); `deliveries` and `queued` queue the work (services/delivery/queue.py);
+# - `considered` locks the endpoints the rule considers FOR KEY SHARE (one closed meanwhile is
+#   read again as it is now); `event` keeps why it passed over those that do not receive it,
+#   `receiving` are the others; `deliveries` and `queued` queue the work
+#   (services/delivery/queue.py);
 # - `woken` sends the wake-up (services/wakeups.py) with the commit: a statement must read it
 #   (`WOKEN`) for PostgreSQL to run it.
 # The statement binds :event_id, :brand_id, :event_name, :created_at, :subject_type,
@@ -276,23 +311,28 @@ SUBJECT_COUNTED = """
 COUNTED_SEQUENCE = "(SELECT last_sequence FROM subject_counted)"
 _PUBLISH_CTES_TEMPLATE = (
     """
+    considered AS (
+        SELECT """  # noqa: S608 - constant SQL, put together at import
+    + RECEIVING_COLUMNS
+    + """, {receives} AS receives, {passed_over} AS passed_over
+        FROM {source} CROSS JOIN webhook_endpoints AS endpoint
+        WHERE endpoint.brand_id = :brand_id AND endpoint.deleted_at IS NULL AND {considers}
+        FOR KEY SHARE OF endpoint
+    ),
     event AS (
         INSERT INTO webhook_events (
             id, brand_id, name, body, created_at, subject_type, subject_id, sequence,
-            campaign_id, traceparent
+            campaign_id, traceparent, passed_over
         )
         SELECT :event_id, :brand_id, :event_name, {body}, :created_at, :subject_type,
-               :subject_id, {sequence}, {campaign}, :traceparent
+               :subject_id, {sequence}, {campaign}, :traceparent,
+               (SELECT jsonb_object_agg(considered.id, considered.passed_over)
+                FROM considered WHERE considered.passed_over IS NOT NULL)
         FROM {source}
         RETURNING id, brand_id, name, created_at, sequence, campaign_id
     ),
     receiving AS (
-        SELECT """  # noqa: S608 - constant SQL, put together at import
-    + RECEIVING_COLUMNS
-    + """
-        FROM event JOIN webhook_endpoints AS endpoint ON endpoint.brand_id = event.brand_id
-        WHERE {receives}
-        FOR KEY SHARE OF endpoint
+        SELECT * FROM considered WHERE receives
     ),"""
     + ENQUEUE_CTES.replace(
         "{delivery_id}",
@@ -310,9 +350,13 @@ _PUBLISH_CTES_TEMPLATE = (
 )
 
 
-def _publish_ctes(receives: str) -> str:
-    return _PUBLISH_CTES_TEMPLATE.replace("{receives}", receives).replace(
-        "{notify}", NOTIFY_BRAND_SQL.format(brand="event.brand_id")
+def _publish_ctes(rule: tuple[str, str, str]) -> str:
+    considers, receives, passed_over = rule
+    return (
+        _PUBLISH_CTES_TEMPLATE.replace("{considers}", considers)
+        .replace("{receives}", receives)
+        .replace("{passed_over}", passed_over)
+        .replace("{notify}", NOTIFY_BRAND_SQL.format(brand="event.brand_id"))
     )
 
 

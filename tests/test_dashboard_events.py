@@ -116,7 +116,7 @@ def test_resend_to_an_endpoint(app, client, brand, write_key):
     token = sign_in(client, write_key)
 
     page = client.get(f"/dashboard/events/{event_id}").get_data(as_text=True)
-    choices = re.findall(r'name="endpointId" value="(whe_[0-9a-z]+)"', page)
+    choices = re.findall(r'type="radio" name="endpointId" value="(whe_[0-9a-z]+)"', page)
     assert sorted(choices) == sorted([subscribed, other])  # active ones only
 
     # To the endpoint that had it: a redelivery of its delivery there.

@@ -113,7 +113,16 @@ def test_a_cursor_pages_through_250_events_once_each_in_publish_order(app, brand
     assert [event["id"] for event in listed] == published
     assert listed[17]["data"] == {"batch": 1, "n": 7}
     assert listed[0]["type"] == "deal.completed"
-    assert set(listed[0]) == {"id", "type", "createdAt", "subject", "sequence", "data"}
+    assert set(listed[0]) == {
+        "id",
+        "type",
+        "createdAt",
+        "subject",
+        "sequence",
+        "data",
+        "erasedAt",
+    }
+    assert listed[0]["erasedAt"] is None  # CONTRACT 13.3: null unless erased
 
     # From any starting point: what follows it, in the same order.
     assert [event["id"] for event in follow(feed, published[123], limit=37)[0]] == published[124:]
@@ -620,7 +629,8 @@ def test_the_document_states_every_rule_of_the_events_routes(client):
     assert meta["nextAfter"]["type"] == ["string", "null"]  # OpenAPI 3.1's nullable
     data = schemas[properties["data"]["$ref"].split("/")[-1]]["properties"]
     event = schemas[data["events"]["items"]["$ref"].split("/")[-1]]["properties"]
-    assert set(event) == {"id", "type", "createdAt", "subject", "sequence", "data"}
+    assert set(event) == {"id", "type", "createdAt", "subject", "sequence", "data", "erasedAt"}
+    assert event["erasedAt"]["type"] == ["string", "null"]
 
 
 def test_a_stopping_worker_answers_its_waiting_requests_at_once(app, app_environ, brand, feed):

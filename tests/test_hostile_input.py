@@ -35,7 +35,7 @@ TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 _CSRF = re.compile(r'"X-CSRF-Token": "([^"]+)"')
 _FORM_FIELD = re.compile(r'name="([A-Za-z_]+)"')
 _PATH_ARGUMENT = re.compile(r"<(?:[^:<>]+:)?([a-z_]+)>")
-DESTRUCTIVE = re.compile(r"revoke|delete|remove|sign_out")
+DESTRUCTIVE = re.compile(r"revoke|delete|remove|sign_out|erase")
 
 # What PostgreSQL cannot store: refused with 400 naming the field, wherever it is.
 UNSTORABLE_STRINGS = {
@@ -124,6 +124,7 @@ def world(server, brand, make_key, make_bootstrap_token, write_key):
         "endpoint_id": endpoint["id"],
         "delivery_id": delivery["deliveryId"],
         "event_id": event_id,
+        "subject": f"endpoint:{endpoint['id']}",  # the test ping's subject
         "key_id": victim_key["id"],
         "write_key": write_key,
         "bootstrap_token": make_bootstrap_token(brand),

@@ -296,3 +296,52 @@ def test_0017_adds_trace_context_off_and_its_downgrade_keeps_the_rows(app_enviro
         with db.engine.connect() as connection:
             assert connection.execute(text("SELECT count(*) FROM webhook_endpoints")).scalar() == 1
             assert connection.execute(text("SELECT count(*) FROM webhook_events")).scalar() == 1
+
+
+def test_0018_adds_routing_and_erasure_columns_and_comes_back_down(app_environ, backends):
+    """0018: events stored before it were passed over nowhere and never erased; its downgrade
+    drops the columns and keeps every event and job."""
+    with migrated_to(app_environ, backends, "0016"):
+        with db.engine.begin() as connection:
+            insert_brand_with_endpoints(connection)
+            connection.execute(
+                text(
+                    "INSERT INTO webhook_events (id, brand_id, name, body, created_at,"
+                    " subject_type, subject_id, sequence) VALUES ('evt_m', 'brd_m',"
+                    " 'deal.completed', '{\"data\": {}}', :at, 'deal', 'deal_m', 1)"
+                ),
+                {"at": AT},
+            )
+        upgrade(revision="0018")
+        with db.engine.begin() as connection:
+            row = connection.execute(
+                text("SELECT passed_over, erased_at FROM webhook_events WHERE id = 'evt_m'")
+            ).one()
+            assert tuple(row) == (None, None)
+            connection.execute(
+                text(
+                    'UPDATE webhook_events SET passed_over = \'{"whe_m": "filtered"}\','
+                    " erased_at = :at"
+                ),
+                {"at": AT},
+            )
+            connection.execute(
+                text(
+                    "INSERT INTO webhook_bulk_jobs (kind, brand_id, subject_key, position,"
+                    " requested_at, last_run_at) VALUES ('erase_subject', 'brd_m',"
+                    " 'deal:deal_m', 1, :at, :at)"
+                ),
+                {"at": AT},
+            )
+        downgrade(revision="-1")
+        assert "passed_over" not in {
+            c["name"] for c in inspect(db.engine).get_columns("webhook_events")
+        }
+        assert "position" not in {
+            c["name"] for c in inspect(db.engine).get_columns("webhook_bulk_jobs")
+        }
+        with db.engine.connect() as connection:
+            assert connection.execute(text("SELECT count(*) FROM webhook_events")).scalar_one() == 1
+            assert (
+                connection.execute(text("SELECT count(*) FROM webhook_bulk_jobs")).scalar_one() == 1
+            )

@@ -185,7 +185,7 @@ def test_path_ids_declare_their_prefix_so_no_two_paths_match_one_url(client):
                     patterns[parameter["name"]] = parameter["schema"]["pattern"]
     assert patterns["endpointId"] == "^whe_[0-9a-z]{1,36}$"
     assert not re.match(patterns["endpointId"], "deliveries")
-    assert len(patterns) == 11 and all(p.startswith("^") for p in patterns.values())
+    assert len(patterns) == 12 and all(p.startswith("^") for p in patterns.values())
     assert "look alike to a\nlinter" in spec["info"]["description"]
 
 

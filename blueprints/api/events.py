@@ -1,5 +1,6 @@
 """The events API (CONTRACT 11.1): a brand's events to pull, in publish order after a cursor,
-with a long-poll; and one event with its deliveries."""
+with a long-poll; one event with its deliveries, and where it went (CONTRACT 13.2); erasing a
+subject's events (CONTRACT 13.3)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,19 @@ from blueprints.api import api
 from blueprints.api.auth import authenticate, current_caller
 from blueprints.api.operations import operation
 from config import DEFAULT_EVENT_WAITS_PER_KEY, DEFAULT_EVENT_WAITS_PER_PROCESS
-from models.api_key import READ
+from models.api_key import READ, WRITE
 from schemas.event_feed import (
+    ErasedSubjectSchema,
     EventDetailSchema,
     EventFeedMetaSchema,
     EventFeedQuerySchema,
     EventListSchema,
+    EventRoutingSchema,
+    SubjectPathSchema,
 )
+from services.erasure import erase_subject
 from services.event_feed import fetch_events, get_event
+from services.event_routing import event_routing
 
 EVENTS = "Events"
 
@@ -73,3 +79,46 @@ def fetch_brand_events(brand_id: str, query: dict):
 )
 def fetch_brand_event(brand_id: str, event_id: str):
     return get_event(brand_id, event_id)
+
+
+@api.get("/brand/<brand_id>/event/<id(evt):event_id>/routing")
+@authenticate(scope=READ)
+@operation(
+    operation_id="fetchEventRouting",
+    tag=EVENTS,
+    summary="Where an event went, and why",
+    description="For each of the brand's endpoints that existed when the event was published "
+    "(and still exists): `sent` with its first delivery, or why not: `not_subscribed`, "
+    "`filtered` by its `campaignIds`, or `disabled` at the time. Decided as things stood "
+    "when the event was published, not from the endpoint's settings now. An endpoint passed "
+    "over can be sent the event now with the dashboard's resend, or redeliver once it has "
+    "a delivery.",
+    response=EventRoutingSchema,
+)
+def fetch_brand_event_routing(brand_id: str, event_id: str):
+    return event_routing(brand_id, event_id)
+
+
+@api.post("/brand/<brand_id>/subject/<subject>/erase")
+@authenticate(scope=WRITE)
+@operation(
+    operation_id="eraseSubject",
+    tag=EVENTS,
+    summary="Erase the data of every event of a subject",
+    description="For a person's request to erase their data: every event of the record "
+    "(`deal:deal_…`, `campaign:cmp_…`, `conversion:conv_…`) loses its `data` (null, with "
+    "`erasedAt`), and every attempt of its deliveries loses the receiver's answer. Ids, "
+    "types, subjects, sequences, times, statuses and headers stay, so the log still adds "
+    "up. Pending deliveries of those events end `failed` with the last error `erased` and "
+    "are not attempted again; redeliver or resend of an erased event is a CONFLICT, and "
+    "recover leaves them out. The newest events are erased before the answer, the rest "
+    "within moments, in batches. Asking again answers 202 again (and erases events "
+    "published since). Nothing of the subject: NOT_FOUND.",
+    path=SubjectPathSchema,
+    response=ErasedSubjectSchema,
+    status=202,
+    message="Erasing the subject's events",
+    errors=(404,),
+)
+def erase_brand_subject(brand_id: str, subject: tuple[str, str]):
+    return erase_subject(brand_id=brand_id, subject=subject)

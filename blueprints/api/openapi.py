@@ -275,6 +275,7 @@ def _operation(declared, auth, rule: Rule) -> dict:
             "schema": _path_parameter_schema(rule, name),
             "description": PATH_PARAMETER_DESCRIPTIONS.get(camelcase(name), ""),
         }
+        | _loaded_path_parameter(declared, name)
         for name in sorted(arguments)
     ]
     if declared.query is not None:
@@ -420,6 +421,19 @@ def _path_parameter_schema(rule: Rule, name: str) -> dict:
     return {"type": "string", "pattern": f"^{pattern}$", "example": _example_id(prefix)}
 
 
+def _loaded_path_parameter(declared, name: str) -> dict:
+    """A path argument that the operation's `path` schema loads: its field's words and form."""
+    field = declared.path().fields.get(name) if declared.path is not None else None
+    if field is None:
+        return {}
+    metadata = field.metadata
+    return {
+        "description": metadata.get("description", ""),
+        "schema": {"type": "string"}
+        | {key: metadata[key] for key in ("pattern", "example") if key in metadata},
+    }
+
+
 def _example_id(prefix: str) -> str:
     return f"{prefix}_01jd3k9m2x4q8r7t6v5w4y3z2a"
 
@@ -431,7 +445,8 @@ def _may_fail_with(status: int, declared, auth, arguments) -> bool:
         return status in declared.errors  # described once in components for every client
     if status == 400:
         return any(
-            schema is not None for schema in (declared.body, declared.query, declared.headers)
+            schema is not None
+            for schema in (declared.body, declared.query, declared.headers, declared.path)
         )
     if status in (401, 403):
         return auth is not None

@@ -42,6 +42,8 @@ class Operation:
     description: str = ""
     body: type[ApiSchema] | None = None
     query: type[Schema] | None = None
+    # Path arguments that are more than an id (`IdConverter`): loaded, in place, by this.
+    path: type[Schema] | None = None
     # Request headers the operation reads (its fields' `data_key`s are the header names).
     headers: type[Schema] | None = None
     response: type[Schema] | None = None
@@ -72,6 +74,7 @@ def operation(**declaration):
     body_schema = spec.body() if spec.body else None
     query_schema = spec.query() if spec.query else None
     headers_schema = spec.headers() if spec.headers else None
+    path_schema = spec.path() if spec.path else None
     response_schema = spec.response(many=spec.many) if spec.response else None
     meta_schema = _page_meta if spec.paged else spec.meta() if spec.meta else None
 
@@ -79,7 +82,7 @@ def operation(**declaration):
         @functools.wraps(view)
         def operation_view(*args, **kwargs):
             _refuse_nul_in_path(kwargs)
-            kwargs.update(_load_request(body_schema, query_schema, headers_schema))
+            kwargs.update(_load_request(body_schema, query_schema, headers_schema, path_schema))
             result = view(*args, **kwargs)
             # Dumped before the commit, which expires ORM objects: reading them afterwards
             # would cost a SELECT per object to reload what this request just wrote.
@@ -187,13 +190,18 @@ def _unstorable_number(value) -> str | None:
 
 
 def _load_request(
-    body_schema: Schema | None, query_schema: Schema | None, headers_schema: Schema | None
+    body_schema: Schema | None,
+    query_schema: Schema | None,
+    headers_schema: Schema | None,
+    path_schema: Schema | None = None,
 ) -> dict:
-    """The view's `body`, `query` and `headers` arguments; every invalid field of all three is
-    reported in one 400, so a client fixes its request in one round."""
+    """The view's `body`, `query` and `headers` arguments, and its path arguments that a
+    schema loads; every invalid field of all four is reported in one 400, so a client fixes
+    its request in one round."""
     loaded: dict = {}
     errors: dict[str, list[str]] = {}
     sources = (
+        ("path", path_schema, lambda _schema: dict(request.view_args or {})),
         ("headers", headers_schema, _declared_headers),
         ("body", body_schema, _json_body),
         ("query", query_schema, lambda _schema: request.args.to_dict(flat=True)),
@@ -202,7 +210,12 @@ def _load_request(
         if schema is None:
             continue
         try:
-            loaded[argument] = schema.load(read(schema))
+            if argument == "path":
+                # Only the path's arguments the schema declares; the others stay as routed.
+                routed = read(schema)
+                loaded.update(schema.load({name: routed[name] for name in schema.fields}))
+            else:
+                loaded[argument] = schema.load(read(schema))
         except ValidationError as error:
             errors.update(flatten_errors(error.messages))
     if errors:

@@ -158,12 +158,14 @@ def rotate_webhook_secret(brand_id: str, endpoint_id: str, body: dict):
     description="Queues a new delivery (as redeliver does: same event, new delivery id) of "
     "every `failed` delivery of this endpoint created between `since` (at most 14 days ago) "
     "and `until` (default now) that was not recovered or redelivered already, in the order "
-    "they were first created. They go out at the endpoint's usual pace, beside other "
-    "endpoints' deliveries. Asking twice queues nothing the second time. A disabled endpoint "
-    "answers NOT_FOUND: re-enable it first.",
+    "they were first created; deliveries of erased events (eraseSubject) are left out. They "
+    "go out at the endpoint's usual pace, beside other endpoints' deliveries. Asking twice "
+    "queues nothing the second time. A disabled endpoint answers NOT_FOUND: re-enable it "
+    "first.",
     body=RecoverSchema,
     response=RecoveredSchema,
     status=202,
+    errors=(409,),  # an event among them was erased while it ran
     message="Failed deliveries queued again",
 )
 def recover_webhook_deliveries(brand_id: str, endpoint_id: str, body: dict):
@@ -269,9 +271,10 @@ def fetch_webhook_delivery(brand_id: str, delivery_id: str):
     summary="Deliver an event again",
     description="A new delivery (new `X-Service-Delivery`) of the same event (same body and "
     "event `id`) to the same endpoint, whatever the first one's status. The endpoint must be "
-    "active.",
+    "active. An erased event (eraseSubject) is not sent again: CONFLICT.",
     response=QueuedDeliverySchema,
     status=202,
+    errors=(409,),  # its event was erased
     message="Redelivery queued",
 )
 def redeliver_webhook(brand_id: str, delivery_id: str):

@@ -1,5 +1,7 @@
 """Events: the brand's events newest first (filter by type, find one by id), each with its
-deliveries; one event with its body and every delivery of it, and "resend to endpoint…".
+deliveries; one event with its body, every delivery of it, where it went and why (CONTRACT
+13.2, with "send it now" for an endpoint it skipped), "resend to endpoint…", and erasing its
+subject's data behind a confirmation (CONTRACT 13.3).
 
 The same services as the events API (services/event_feed.py) and redeliver
 (services/deliveries.py). The catalogue of event names is the "Event types" page
@@ -15,8 +17,14 @@ from flask import flash, redirect, request, url_for
 
 from blueprints.dashboard import dashboard
 from blueprints.dashboard.deliveries import poll_context
-from blueprints.dashboard.rendering import chosen_filters, load_query, render, render_list
-from blueprints.dashboard.session import current_caller, signed_in
+from blueprints.dashboard.rendering import (
+    chosen_filters,
+    load_query,
+    render,
+    render_confirmation,
+    render_list,
+)
+from blueprints.dashboard.session import current_caller, is_htmx, signed_in
 from extensions import db
 from models.columns import id_pattern
 from models.event_catalog import EVENT_NAMES
@@ -26,8 +34,10 @@ from schemas.dashboard import EventLogQuerySchema
 from schemas.envelope import PageMetaSchema
 from schemas.webhooks import DeliverySchema, EndpointSchema
 from services.deliveries import list_deliveries, send_event_again
+from services.erasure import erase_subject
 from services.errors import NotFound, ValidationFailed
 from services.event_feed import get_event, list_events, subject_events
+from services.event_routing import event_routing
 from services.retention import retention_period
 from services.webhook_endpoints import list_endpoints
 
@@ -111,6 +121,10 @@ def event(event_id: str):
     deliveries = list_deliveries(brand_id=brand_id, page=1, limit=MAX_LIMIT, event_id=event_id)
     shown = _deliveries.dump(deliveries.items)
     active = [e for e in endpoints.values() if e["isActive"]]
+    routes = [
+        {"endpoint": endpoints[route.endpoint_id], **vars(route)}
+        for route in event_routing(brand_id, event_id).endpoints
+    ]
     return render(
         "dashboard/event.html",
         event={
@@ -119,7 +133,10 @@ def event(event_id: str):
             "createdAt": iso_timestamp(detail.created_at),
             "subject": {"type": detail.subject.type, "id": detail.subject.id},
             "sequence": detail.sequence,
+            "erasedAt": detail.erased_at and iso_timestamp(detail.erased_at),
         },
+        routes=routes,
+        erase=_erase_confirmation(detail),
         subject=_subject_neighbours(brand_id, detail),
         body=json.dumps(json.loads(detail.body), indent=2, ensure_ascii=False),
         deliveries=shown,
@@ -183,3 +200,45 @@ def resend_event(event_id: str):
     db.session.commit()
     flash(f"Queued as delivery {new_id}: it is listed below and in Deliveries.", "success")
     return redirect(url_for("dashboard.event", event_id=event_id), code=303)
+
+
+def _erase_confirmation(detail) -> dict:
+    """What erasing the event's subject says before it is done, as a dialog (htmx) or a page."""
+    subject = f"{detail.subject.type} {detail.subject.id}"
+    return {
+        "title": f"Erase the data of {subject}?",
+        "consequence": f"Erase the data of every event of {subject}? Each event keeps its id, "
+        "type, time and place in the log, but its data becomes null; the answers your "
+        "endpoints gave to its deliveries are deleted; its pending deliveries end as failed "
+        "and are never sent. This cannot be undone.",
+        "button": "Erase subject's data",
+        "action": url_for("dashboard.erase_event_subject", event_id=detail.id),
+    }
+
+
+@dashboard.get("/events/<id(evt):event_id>/erase-subject")
+@signed_in(write=True)
+def confirm_erase_event_subject(event_id: str):
+    detail = get_event(current_caller().brand_id, event_id)
+    return render_confirmation(
+        _erase_confirmation(detail), back=url_for("dashboard.event", event_id=event_id)
+    )
+
+
+@dashboard.post("/events/<id(evt):event_id>/erase-subject")
+@signed_in(write=True)
+def erase_event_subject(event_id: str):
+    """eraseSubject for the event's subject (CONTRACT 13.3), then the event's page again."""
+    brand_id = current_caller().brand_id
+    detail = get_event(brand_id, event_id)
+    erased = erase_subject(brand_id=brand_id, subject=(detail.subject.type, detail.subject.id))
+    db.session.commit()
+    flash(
+        f"Erasing the data of {erased.events} event(s) of {detail.subject.type} "
+        f"{detail.subject.id}: the newest are erased already, the rest within moments.",
+        "success",
+    )
+    target = url_for("dashboard.event", event_id=event_id)
+    if is_htmx():
+        return "", 200, {"HX-Redirect": target}
+    return redirect(target, code=303)

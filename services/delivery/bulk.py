@@ -15,6 +15,10 @@ so nothing is done twice and nothing is stranded.
   receiver's Retry-After overridden (a person asked).
 - `catch_up`: a down endpoint answered again: the same, keeping a receiver's Retry-After.
 - `release_held`: ordering was turned off; every held delivery is due again in its place.
+- `erase_subject` (CONTRACT 13.3): a subject's events erased, newest first, a batch of events
+  at a time: their pending deliveries end `failed` (`erased`) and leave the queue, an attempt
+  in flight loses its lease (its record is discarded: nothing of it is kept), then the events'
+  `data` and their attempts' answers go. Newest first: the pending work is the newest.
 
 Runners take turns over the open jobs (the one whose last batch is oldest goes next), so one
 brand's 250,000 rows never hold up another brand's retry-now, and rest after each batch as long
@@ -36,13 +40,18 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from extensions import db
-from models.bulk_job import CATCH_UP, END_PENDING, RELEASE_HELD, RETRY_NOW
+from models.bulk_job import CATCH_UP, END_PENDING, ERASE_SUBJECT, RELEASE_HELD, RETRY_NOW
+from models.event_subjects import parse_subject_key
 from models.webhook_endpoint import NO_ORDERING, endpoint_is_open_sql
 from services.wakeups import listener_for, notify_brand
 
 log = logging.getLogger("brand_api.webhooks")
 
 BATCH_ROWS = 1000
+# Events erased in one batch (each with its deliveries and their attempts: several rows each).
+ERASE_BATCH_EVENTS = 500
+# The last error of a delivery that erasure ended (CONTRACT 13.3).
+ERASED = "erased"
 # Each batch is one transaction under these.
 STATEMENT_TIMEOUT = "5s"
 LOCK_TIMEOUT = "1s"
@@ -58,26 +67,33 @@ def request_job(
     *,
     kind: str,
     brand_id: str,
-    endpoint_id: str,
+    endpoint_id: str | None = None,
+    subject_key: str | None = None,
+    position: int | None = None,
     note: str | None = None,
     now: datetime | None = None,
     first_batch: bool = False,
 ) -> None:
     """Ask for a job in the caller's transaction; one already open of that kind for the
-    endpoint is joined (it will reach what this one would). With `first_batch`, run one batch
-    of it now, in this transaction, unless a runner holds it. Workers are woken at commit."""
-    db.session.execute(
+    endpoint is joined (it will reach what this one would). A job about a subject (erasure)
+    is a new one each time. With `first_batch`, run one batch of it now, in this transaction,
+    unless a runner holds it. Workers are woken at commit."""
+    job_id = db.session.execute(
         _REQUEST,
         {
             "kind": kind,
             "brand_id": brand_id,
             "endpoint_id": endpoint_id,
+            "subject_key": subject_key,
+            "position": position,
             "note": note,
             "now": now,
         },
-    )
+    ).scalar()
     if first_batch:
-        job = db.session.execute(_OPEN_JOB, {"kind": kind, "endpoint_id": endpoint_id}).first()
+        job = db.session.execute(
+            _OPEN_JOB, {"id": job_id, "kind": kind, "endpoint_id": endpoint_id}
+        ).first()
         if job is not None:
             db.session.execute(text(f"SET LOCAL statement_timeout = '{STATEMENT_TIMEOUT}'"))
             _run_batch(job)
@@ -86,11 +102,14 @@ def request_job(
 
 _REQUEST = text(
     """
-    INSERT INTO webhook_bulk_jobs (kind, brand_id, endpoint_id, note, requested_at, last_run_at)
-    VALUES (:kind, :brand_id, :endpoint_id, :note,
+    INSERT INTO webhook_bulk_jobs (
+        kind, brand_id, endpoint_id, subject_key, position, note, requested_at, last_run_at
+    )
+    VALUES (:kind, :brand_id, :endpoint_id, :subject_key, :position, :note,
             COALESCE(CAST(:now AS timestamptz), statement_timestamp()), '-infinity')
     ON CONFLICT (kind, endpoint_id) WHERE finished_at IS NULL AND endpoint_id IS NOT NULL
     DO NOTHING
+    RETURNING id
     """
 )
 
@@ -132,23 +151,27 @@ def _run_batch(job) -> tuple[int, bool]:
     whether it is done."""
     changed, finished = _BATCHES[job.kind](db.session, job)
     db.session.execute(_PROGRESS, {"id": job.id, "changed": changed, "finished": finished})
-    if changed and job.kind != END_PENDING:
+    if changed and job.kind not in (END_PENDING, ERASE_SUBJECT):
         notify_brand(job.brand_id)  # due work: the loops claim it now
     return changed, finished
 
 
+_JOB_COLUMNS = "id, kind, brand_id, endpoint_id, subject_key, position, note, requested_at"
+# The job just asked for, or the open one of its kind for its endpoint that it joined.
 _OPEN_JOB = text(
-    """
-    SELECT id, kind, brand_id, endpoint_id, note, requested_at FROM webhook_bulk_jobs
-    WHERE kind = :kind AND endpoint_id = :endpoint_id AND finished_at IS NULL
+    f"""
+    SELECT {_JOB_COLUMNS} FROM webhook_bulk_jobs
+    WHERE (id = :id OR (CAST(:id AS bigint) IS NULL AND kind = :kind
+                        AND endpoint_id = :endpoint_id))
+      AND finished_at IS NULL
     FOR UPDATE SKIP LOCKED
-    """
+    """  # noqa: S608 - constant SQL, put together at import
 )
 _NEXT_JOB = text(
-    """
-    SELECT id, kind, brand_id, endpoint_id, note, requested_at FROM webhook_bulk_jobs
+    f"""
+    SELECT {_JOB_COLUMNS} FROM webhook_bulk_jobs
     WHERE finished_at IS NULL ORDER BY last_run_at, id LIMIT 1 FOR UPDATE SKIP LOCKED
-    """
+    """  # noqa: S608 - constant SQL, put together at import
 )
 _PROGRESS = text(
     """
@@ -295,11 +318,113 @@ _RELEASE_HELD = text(
     """
 )
 
+
+def _erase_subject(session: Session, job) -> tuple[int, bool]:
+    """A batch of the subject's events, newest first from the job's position: their pending
+    deliveries ended, their queue rows and leases gone, their data and answers erased. The
+    rows it walked (already erased ones too, which it leaves as they are)."""
+    subject_type, subject_id = parse_subject_key(job.subject_key)
+    events = session.execute(
+        _ERASABLE_EVENTS,
+        {
+            "brand_id": job.brand_id,
+            "subject_type": subject_type,
+            "subject_id": subject_id,
+            "position": job.position,
+            "batch": ERASE_BATCH_EVENTS,
+        },
+    ).all()
+    if not events:
+        return 0, True
+    ids = {"event_ids": [row.id for row in events]}
+    session.execute(_END_ERASED_DELIVERIES, ids | {"note": ERASED})
+    session.execute(_UNQUEUE_ERASED_DELIVERIES, ids)
+    session.execute(_ERASE_EVENTS, ids)
+    session.execute(_STRIP_ANSWERS, ids)
+    session.execute(
+        _MOVE_POSITION, {"id": job.id, "position": min(row.sequence for row in events) - 1}
+    )
+    return len(events), len(events) < ERASE_BATCH_EVENTS
+
+
+# The subject's next events (newest first from the position), locked against a redelivery
+# (services/events.py reads them FOR SHARE) until the batch commits. NO KEY: a delivery's
+# foreign key check (KEY SHARE) still passes.
+_ERASABLE_EVENTS = text(
+    """
+    SELECT id, sequence FROM webhook_events
+    WHERE brand_id = :brand_id AND subject_type = :subject_type AND subject_id = :subject_id
+      AND sequence <= :position
+    ORDER BY sequence DESC LIMIT :batch
+    FOR NO KEY UPDATE
+    """
+)
+# Their pending deliveries, locked (a record writing one is waited for; one that comes after
+# skips it and is carried, then finds its lease gone), ended `failed`, out of the queue and
+# the leases. A claim that took one before this statement is caught by the next.
+_END_ERASED_DELIVERIES = text(
+    """
+    WITH doomed AS MATERIALIZED (
+        SELECT id FROM webhook_deliveries
+        WHERE event_id = ANY(CAST(:event_ids AS varchar[])) AND status = 'pending'
+        ORDER BY id FOR NO KEY UPDATE
+    ),
+    unqueued AS (
+        DELETE FROM webhook_delivery_queue WHERE delivery_id IN (SELECT id FROM doomed)
+    ),
+    unleased AS (
+        DELETE FROM webhook_delivery_leases WHERE delivery_id IN (SELECT id FROM doomed)
+    )
+    UPDATE webhook_deliveries
+    SET status = 'failed', failed_at = statement_timestamp(), last_error = :note,
+        next_attempt_at = NULL
+    WHERE id IN (SELECT id FROM doomed)
+    """
+)
+# What the statement above could not see (its snapshot came before its waits): a row a record
+# put back in the queue, a lease a claim took meanwhile. None of their deliveries is pending.
+_UNQUEUE_ERASED_DELIVERIES = text(
+    """
+    WITH theirs AS MATERIALIZED (
+        SELECT id FROM webhook_deliveries WHERE event_id = ANY(CAST(:event_ids AS varchar[]))
+    ),
+    unqueued AS (
+        DELETE FROM webhook_delivery_queue WHERE delivery_id IN (SELECT id FROM theirs)
+    )
+    DELETE FROM webhook_delivery_leases WHERE delivery_id IN (SELECT id FROM theirs)
+    """
+)
+# The body keeps its envelope (id, type, times, subject, sequence) with `data` null: `data` is
+# its last member (services/events.py writes it so), else the JSON is rewritten.
+_ERASE_EVENTS = text(
+    """
+    UPDATE webhook_events
+    SET erased_at = statement_timestamp(),
+        body = CASE WHEN strpos(body, ',"data":') > 0
+                    THEN left(body, strpos(body, ',"data":') - 1) || ',"data"\\:null}'
+                    ELSE CAST(jsonb_set(CAST(body AS jsonb), ARRAY['data'], 'null') AS text)
+               END
+    WHERE id = ANY(CAST(:event_ids AS varchar[])) AND erased_at IS NULL
+    """
+)
+# Attempts keep their status, times and headers; the receiver's answer goes (the request's
+# body is the event's, erased above).
+_STRIP_ANSWERS = text(
+    """
+    UPDATE webhook_attempts SET response_body = NULL
+    WHERE delivery_id IN (SELECT id FROM webhook_deliveries
+                          WHERE event_id = ANY(CAST(:event_ids AS varchar[])))
+      AND response_body IS NOT NULL
+    """
+)
+_MOVE_POSITION = text("UPDATE webhook_bulk_jobs SET position = :position WHERE id = :id")
+
 _BATCHES = {
     END_PENDING: _end_pending,
     RETRY_NOW: _bring_forward(override=True),
     CATCH_UP: _bring_forward(override=False),
     RELEASE_HELD: _release_held,
+    ERASE_SUBJECT: _erase_subject,
 }
 
 _FORGET_FINISHED = text(
