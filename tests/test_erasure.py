@@ -12,7 +12,9 @@ from sqlalchemy import text
 
 from extensions import db
 from models.columns import utcnow
+from schemas.events import event_data
 from services.delivery.bulk import ERASE_BATCH_EVENTS, run_one_batch
+from services.events import publish_event
 from tests.helpers import assert_error
 from tests.receiver import Receiver, Reply
 from tests.test_webhook_delivery import Api, poll, publish
@@ -165,6 +167,52 @@ def test_an_erased_event_is_not_sent_again(api, app, brand, client, write_key):
     deliveries, _ = api.deliveries(eventId=erased)
     assert [d["id"] for d in deliveries] == [delivery]
     assert len(api.deliveries(eventId=kept)[0]) == 2
+
+
+def test_an_alert_loses_its_copy_of_an_erased_events_answer(api, app, brand):
+    """CONTRACT 13.4 copies the answer that made an alert into the alert's data; erasing the
+    subject of the event that answer was about erases that copy too, and nothing else."""
+    sick = api.register("https://hooks.brand-example.invalid/x", ["deal.completed"])["id"]
+    [(erased, [delivery])] = publish(app, brand, ("deal.completed", deal("deal_x")))
+    [(kept, [kept_delivery])] = publish(app, brand, ("deal.completed", deal("deal_y")))
+
+    def alert_about(event_id: str, delivery_id: str) -> str:
+        with app.app_context():
+            published = publish_event(
+                brand_id=brand,
+                name="webhook.endpoint_failing",
+                data=event_data(
+                    "webhook.endpoint_failing",
+                    {
+                        "endpoint_id": sick,
+                        "url": "https://hooks.brand-example.invalid/x",
+                        "consecutive_failures": 8,
+                        "last_error": "HTTP 500",
+                        "disabled_at": None,
+                        "last_attempt": {
+                            "delivery_id": delivery_id,
+                            "event_id": event_id,
+                            "event_type": "deal.completed",
+                            "http_status": 500,
+                            "error": "HTTP 500",
+                            "response_body": f"no such deal as the one in {event_id}",
+                        },
+                    },
+                ),
+            )
+            db.session.commit()
+            return published.event.id
+
+    about_erased = alert_about(erased, delivery)
+    about_kept = alert_about(kept, kept_delivery)
+    erase(api, "deal:deal_x")
+
+    stripped = event(api, about_erased)["data"]["lastAttempt"]
+    assert stripped["responseBody"] is None
+    assert stripped["eventId"] == erased and stripped["httpStatus"] == 500  # the rest stays
+    assert event(api, about_kept)["data"]["lastAttempt"]["responseBody"] == (
+        f"no such deal as the one in {kept}"
+    )
 
 
 def test_the_request_rules(api, app, brand, client, read_key, make_brand, make_key):

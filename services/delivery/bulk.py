@@ -341,6 +341,7 @@ def _erase_subject(session: Session, job) -> tuple[int, bool]:
     session.execute(_UNQUEUE_ERASED_DELIVERIES, ids)
     session.execute(_ERASE_EVENTS, ids)
     session.execute(_STRIP_ANSWERS, ids)
+    session.execute(_STRIP_ALERTS, ids | {"brand_id": job.brand_id})
     session.execute(
         _MOVE_POSITION, {"id": job.id, "position": min(row.sequence for row in events) - 1}
     )
@@ -415,6 +416,21 @@ _STRIP_ANSWERS = text(
     WHERE delivery_id IN (SELECT id FROM webhook_deliveries
                           WHERE event_id = ANY(CAST(:event_ids AS varchar[])))
       AND response_body IS NOT NULL
+    """
+)
+# An alert (CONTRACT 13.4) copies the answer to one of these events' deliveries into its own
+# data: that copy goes too. A brand's alerts are few (one per failing or disabled spell), and
+# the feed index finds them by brand and name.
+_STRIP_ALERTS = text(
+    """
+    UPDATE webhook_events
+    SET body = CAST(jsonb_set(CAST(body AS jsonb), '{data,lastAttempt,responseBody}', 'null')
+                    AS text)
+    WHERE brand_id = :brand_id
+      AND name IN ('webhook.endpoint_failing', 'webhook.endpoint_disabled')
+      AND CAST(body AS jsonb) #>> '{data,lastAttempt,eventId}'
+          = ANY(CAST(:event_ids AS varchar[]))
+      AND CAST(body AS jsonb) #>> '{data,lastAttempt,responseBody}' IS NOT NULL
     """
 )
 _MOVE_POSITION = text("UPDATE webhook_bulk_jobs SET position = :position WHERE id = :id")
