@@ -102,12 +102,13 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
     app.register_blueprint(metrics)
     register_error_handlers(app)
     work_slots.install(WORK_SLOTS_PER_PROCESS)
+    # A server span per request when OTLP export is configured; nothing otherwise. First, so
+    # that admission's work (the key's lookup, its rate limit) is inside the request's span.
+    start_tracing("brand-api", app=app)
     app.before_request(_start_request)
     app.before_request(admit)  # the body, the caller, then a work slot (blueprints/admission.py)
     app.after_request(_finish_request)
     app.teardown_request(work_slots.give_back)
-    # A server span per request when OTLP export is configured; nothing otherwise.
-    start_tracing("brand-api", app=app)
     return app
 
 
