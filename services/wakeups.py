@@ -30,7 +30,7 @@ from collections.abc import Callable
 import psycopg
 from flask import Flask, current_app
 from sqlalchemy import text
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
 
 from extensions import db
 from services.connections import KEEPALIVES, shut_if_stuck
@@ -154,6 +154,11 @@ def conninfo_for(engine: Engine) -> str:
     return engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
 
 
+def direct_conninfo(database_url: str) -> str:
+    """A libpq URL for psycopg from a SQLAlchemy URL (`postgresql+psycopg://`)."""
+    return make_url(database_url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
 _listeners: dict[str, WakeupListener] = {}
 _listeners_lock = threading.Lock()
 
@@ -161,8 +166,8 @@ _listeners_lock = threading.Lock()
 def listener_for(app: Flask | None = None) -> WakeupListener:
     """This process's listener for the app's database, started on first use."""
     app = app or current_app._get_current_object()  # type: ignore[attr-defined]  # a LocalProxy
-    with app.app_context():
-        conninfo = conninfo_for(db.engine)
+    # PostgreSQL itself: a LISTEN belongs to a session, which a transaction pool does not keep.
+    conninfo = direct_conninfo(app.extensions["settings"].database_direct_url)
     with _listeners_lock:
         listener = _listeners.get(conninfo)
         if listener is None:
