@@ -512,6 +512,7 @@ async def _open_loop(options) -> dict:
         "reconnects": state["reconnects"],
         "slow_requests": len(slow),
         "slow_spells": _spells([(at + wall, ms) for ms, at in slow]),
+        "slow_windows": [(at + wall, at + wall + ms / 1000) for ms, at in slow[:5000]],
     }
 
 
@@ -701,6 +702,67 @@ def smoke_test(url: str, api_key: str, key: str) -> dict:
         return payload
 
 
+class WaitSampler:
+    """`--sample-waits`: what the run's database backends are doing, every 10 ms, from
+    pg_stat_activity (wait event, or CPU when active and waiting on nothing): counted over the
+    whole run and over the samples taken while some request was in a stall (over SLOW_MS)."""
+
+    QUERY = (
+        "SELECT state, wait_event_type, wait_event FROM pg_stat_activity"
+        " WHERE datname = current_database() AND backend_type = 'client backend'"
+        " AND pid <> pg_backend_pid()"
+    )
+
+    def __init__(self, conninfo: str) -> None:
+        import threading
+
+        self.samples: list[tuple[float, list[str]]] = []
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(conninfo,), daemon=True)
+        self._thread.start()
+
+    def _run(self, conninfo: str) -> None:
+        import psycopg
+
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            while not self._stopping.wait(0.01):
+                rows = conn.execute(self.QUERY).fetchall()
+                self.samples.append((time.time(), [self._what(*row) for row in rows]))
+
+    @staticmethod
+    def _what(state, wait_type, wait_event) -> str:
+        if state == "active":
+            return f"active:{wait_type}:{wait_event}" if wait_type else "active:cpu"
+        if state == "idle in transaction" and wait_event != "ClientRead":
+            return f"in-transaction:{wait_type}:{wait_event}"
+        return state or "?"
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join(5)
+
+    def summary(self, slow_windows: list[tuple[float, float]]) -> dict:
+        def counted(samples) -> dict[str, int]:
+            counts: dict[str, int] = {}
+            for _, states in samples:
+                for state in states:
+                    if state != "idle":
+                        counts[state] = counts.get(state, 0) + 1
+            return dict(sorted(counts.items(), key=lambda item: -item[1])[:8])
+
+        stalled = [
+            sample
+            for sample in self.samples
+            if any(start <= sample[0] <= end for start, end in slow_windows)
+        ]
+        return {
+            "samples": len(self.samples),
+            "all": counted(self.samples),
+            "samples_in_stalls": len(stalled),
+            "in_stalls": counted(stalled),
+        }
+
+
 def database_activity(conninfo: str) -> dict:
     """PostgreSQL's checkpoints so far, of whatever cause (timed, or requested: a DROP DATABASE
     or CREATE DATABASE anywhere on the server asks for one), and the dead rows of the link
@@ -868,7 +930,17 @@ def measure_latency(name: str, phase: str, url: str, rate: int, args, tally) -> 
         f"{args.warmup}s warm-up, {CONNECTIONS} connections"
     )
     before = database_activity(args.conninfo)
-    latency = run_open_loop(url, rate, args, f"{args.run_id}-{phase}")
+    sampler = WaitSampler(args.conninfo) if args.sample_waits and tally is not None else None
+    try:
+        latency = run_open_loop(url, rate, args, f"{args.run_id}-{phase}")
+    finally:
+        if sampler is not None:
+            sampler.stop()
+    if sampler is not None:
+        latency["waits"] = sampler.summary(latency.pop("slow_windows"))
+        log(f"{name}: PostgreSQL's backends, sampled every 10 ms: {latency['waits']}")
+    else:
+        latency.pop("slow_windows")
     after = database_activity(args.conninfo)
     latency["checkpoints"] = {
         name: after[name] - before[name] for name in ("timed", "requested", "buffers_written")
@@ -1056,6 +1128,11 @@ def main() -> None:
         type=int,
         default=3,
         help="open-loop runs of each server, alternating; the median run of each is reported",
+    )
+    parser.add_argument(
+        "--sample-waits",
+        action="store_true",
+        help="sample PostgreSQL's wait events every 10 ms during the postback open-loop runs",
     )
     parser.add_argument(
         "--logs",
