@@ -31,6 +31,7 @@ from observability.metrics import count_request
 from services import work_slots
 from services.connections import KEEPALIVES
 from services.secret_box import SecretBox
+from services.wakeups import forget_wakeups, send_wakeups_at_commit
 
 MAX_BODY_BYTES = 64 * 1024
 ENGINE_OPTIONS = {"pool_pre_ping": True, "pool_size": 10, "max_overflow": 10, "pool_recycle": 1800}
@@ -77,6 +78,9 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
     db.init_app(app)
     with app.app_context():
         event.listen(db.engine, "do_connect", _name_connection)
+        # A postback's wake-up goes after its commit (services/wakeups.py, wake_after_commit).
+        event.listen(db.engine, "commit", send_wakeups_at_commit)
+        event.listen(db.engine, "rollback", forget_wakeups)
         if not settings.behind_a_pooler:
             # A pooler's server connections get it from the pooler (deploy/pgbouncer.ini's
             # connect_query): a SET here would land on whichever one this client had first.

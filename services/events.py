@@ -307,15 +307,16 @@ _PUBLISH_CTES_TEMPLATE = (
 )
 
 
-def _publish_ctes(receives: str) -> str:
-    return _PUBLISH_CTES_TEMPLATE.replace("{receives}", receives).replace(
-        "{notify}", NOTIFY_BRAND_SQL.format(brand="event.brand_id")
-    )
+def _publish_ctes(receives: str, notify: str = NOTIFY_BRAND_SQL.format(brand="event.brand_id")):
+    return _PUBLISH_CTES_TEMPLATE.replace("{receives}", receives).replace("{notify}", notify)
 
 
 # For statements that publish an event themselves (a postback's):
 # `.format(source=, body=, sequence=, campaign=)`.
 PUBLISH_CTES = _publish_ctes(_SUBSCRIBED)
+# The same, waking nobody: the caller wakes the brand after its commit (a postback:
+# services/wakeups.py, `wake_after_commit`, says why).
+PUBLISH_CTES_WAKING_NOBODY = _publish_ctes(_SUBSCRIBED, notify="NULL")
 WOKEN = "(SELECT count(*) FROM woken)"
 
 

@@ -108,18 +108,7 @@ def run_pipeline(
         ]
     except psycopg.Error as error:
         sql = "; ".join(statement.sql for statement, _ in statements)
-        lost = connection.dialect.is_disconnect(error, dbapi_connection, None)  # type: ignore[arg-type]
-        if lost:
-            connection.invalidate(error)
-        raise sqlalchemy.exc.DBAPIError.instance(
-            sql,
-            {},
-            error,
-            psycopg.Error,
-            hide_parameters=True,
-            connection_invalidated=lost,
-            dialect=connection.dialect,
-        ) from error
+        raise _as_sqlalchemy_error(connection, error, sql, {}, None) from error
     finally:
         for cursor in cursors:
             cursor.close()
@@ -132,18 +121,32 @@ def _run_on_psycopg(connection: Connection, sql: str, params, fetch):
         cursor.execute(sql, params)
         return fetch(cursor)
     except psycopg.Error as error:
-        # SQLAlchemy's types name a DB-API error by a class of its own, not the driver's.
-        lost = connection.dialect.is_disconnect(error, dbapi_connection, cursor)  # type: ignore[arg-type]
-        if lost:
-            connection.invalidate(error)
-        raise sqlalchemy.exc.DBAPIError.instance(
-            sql,
-            params,
-            error,
-            psycopg.Error,
-            hide_parameters=True,
-            connection_invalidated=lost,
-            dialect=connection.dialect,
-        ) from error
+        raise _as_sqlalchemy_error(connection, error, sql, params, cursor) from error
     finally:
         cursor.close()
+
+
+def commit_on_psycopg(connection: Connection) -> None:
+    """Commit the transaction on `connection` now, failing as SQLAlchemy's commit would; its own
+    commit afterwards finds nothing left to commit."""
+    try:
+        cast(psycopg.Connection, connection.connection.driver_connection).commit()
+    except psycopg.Error as error:
+        raise _as_sqlalchemy_error(connection, error, "COMMIT", {}, None) from error
+
+
+def _as_sqlalchemy_error(connection: Connection, error: psycopg.Error, sql: str, params, cursor):
+    # SQLAlchemy's types name a DB-API error by a class of its own, not the driver's.
+    dbapi_connection = connection.connection
+    lost = connection.dialect.is_disconnect(error, dbapi_connection, cursor)  # type: ignore[arg-type]
+    if lost:
+        connection.invalidate(error)
+    return sqlalchemy.exc.DBAPIError.instance(
+        sql,
+        params,
+        error,
+        psycopg.Error,
+        hide_parameters=True,
+        connection_invalidated=lost,
+        dialect=connection.dialect,
+    )
