@@ -770,8 +770,13 @@ def database_activity(conninfo: str) -> dict:
     import psycopg
 
     with psycopg.connect(conninfo, autocommit=True) as conn:
+        # PostgreSQL 17 moved these to a view of their own.
+        newer = conn.info.server_version >= 170000
         timed, requested, written = conn.execute(
-            "SELECT checkpoints_timed, checkpoints_req, buffers_checkpoint FROM pg_stat_bgwriter"
+            "SELECT num_timed, num_requested, buffers_written FROM pg_stat_checkpointer"
+            if newer
+            else "SELECT checkpoints_timed, checkpoints_req, buffers_checkpoint"
+            " FROM pg_stat_bgwriter"
         ).fetchone()
         dead = conn.execute(
             "SELECT COALESCE(sum(n_dead_tup), 0) FROM pg_stat_user_tables"
