@@ -200,12 +200,13 @@ def _finish_request(response):
     operation = _operation_name()
     count_request(operation, request.method, response.status_code, seconds)
     access_log.info(
-        "request_id=%s method=%s path=%s status=%s duration_ms=%.1f caller=%s",
+        "request_id=%s method=%s path=%s status=%s duration_ms=%.1f client=%s caller=%s",
         request_id(),
         request.method,
         path,
         response.status_code,
         seconds * 1000,
+        request.remote_addr or "-",
         caller.actor if caller else "-",
         extra={
             "request_id": request_id(),
@@ -214,6 +215,8 @@ def _finish_request(response):
             "path": path,
             "status": response.status_code,
             "duration_ms": round(seconds * 1000, 1),
+            # The peer, or behind our proxies (PROXY_HOPS) the client they name.
+            "client": request.remote_addr,
             "brand_id": caller.brand_id if caller else None,
             "key_id": caller.key_id if caller else None,
         },

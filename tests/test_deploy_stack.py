@@ -354,6 +354,18 @@ def test_the_deploy_stack_carries_postbacks_deliveries_long_polls_and_sign_ins(
                 ]
                 assert statuses == [303] * FAILED_SIGN_INS_ALLOWED + [429], statuses
                 assert failed_sign_in(client_from(OTHER_CLIENT), front) == 303
+                # And the access log names the client, not nginx.
+                signed_in_lines = [
+                    line
+                    for server in servers
+                    for line in server.output().splitlines()
+                    if "path=/dashboard/sign-in" in line and "method=POST" in line
+                ]
+                assert signed_in_lines
+                assert all(
+                    f"client={THROTTLED_CLIENT} " in line or f"client={OTHER_CLIENT} " in line
+                    for line in signed_in_lines
+                ), signed_in_lines
     finally:
         receiver.close()
         for worker in workers:
