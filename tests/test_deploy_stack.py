@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import psycopg
 import pytest
 import requests
 from requests.adapters import HTTPAdapter
@@ -252,6 +253,10 @@ def test_the_deploy_stack_carries_postbacks_deliveries_long_polls_and_sign_ins(
                 "PROXY_HOPS": "1",
                 "SIGN_IN_FAILURES_PER_ADDRESS": f"{FAILED_SIGN_INS_ALLOWED}/minute",
             }
+            # Behind the pool the app sets nothing for a session: PgBouncer turns JIT off on
+            # every server connection instead (its connect_query).
+            with psycopg.connect(pooled_url, autocommit=True) as pooled:
+                assert pooled.execute("SHOW jit").fetchone() == ("off",)
             # Two API machines of one process each, gunicorn.conf.py's threads.
             servers = [ServerProcess(environ, workers=1, threads=None) for _ in range(2)]
             with nginx_in_front_of([s.url for s in servers], nginx, tmp_path / "nginx") as front:
