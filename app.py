@@ -12,6 +12,7 @@ from flask import Flask, current_app, g, request
 from flask.json.provider import DefaultJSONProvider
 from sqlalchemy import event
 from werkzeug.exceptions import RequestEntityTooLarge
+from werkzeug.middleware.proxy_fix import ProxyFix
 
 import models  # noqa: F401 - registers every model with the metadata before migrations read it
 from blueprints.api import API_PREFIX, register_routes
@@ -31,6 +32,7 @@ from observability.tracing import start_tracing
 from services import work_slots
 from services.connections import KEEPALIVES
 from services.secret_box import SecretBox
+from services.wakeups import forget_wakeups, send_wakeups_at_commit
 
 MAX_BODY_BYTES = 64 * 1024
 # pool_timeout: a request waits at most this long for a pooled connection, then is answered 503
@@ -42,6 +44,9 @@ ENGINE_OPTIONS = {
     "pool_recycle": 1800,
     "pool_timeout": 5,
 }
+# Behind PgBouncer in transaction mode each transaction may get another server connection, where
+# a statement psycopg prepared (after 5 runs, by default) does not exist: none is prepared.
+POOLED_ENGINE_OPTIONS = {**ENGINE_OPTIONS, "connect_args": {"prepare_threshold": None}}
 # Requests of one process doing work at once; many more may wait (services/work_slots.py).
 WORK_SLOTS_PER_PROCESS = 4
 access_log = logging.getLogger("brand_api.access")
@@ -66,7 +71,9 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
     app.config.update(
         SECRET_KEY=settings.secret_key,
         SQLALCHEMY_DATABASE_URI=settings.database_url,
-        SQLALCHEMY_ENGINE_OPTIONS=ENGINE_OPTIONS,
+        SQLALCHEMY_ENGINE_OPTIONS=(
+            POOLED_ENGINE_OPTIONS if settings.behind_a_pooler else ENGINE_OPTIONS
+        ),
         MAX_CONTENT_LENGTH=MAX_BODY_BYTES,
         TESTING=settings.app_env == "test",
         SESSION_COOKIE_HTTPONLY=True,
@@ -80,7 +87,13 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
     db.init_app(app)
     with app.app_context():
         event.listen(db.engine, "do_connect", _name_connection)
-        event.listen(db.engine, "connect", _turn_jit_off)
+        # A postback's wake-up goes after its commit (services/wakeups.py, wake_after_commit).
+        event.listen(db.engine, "commit", send_wakeups_at_commit)
+        event.listen(db.engine, "rollback", forget_wakeups)
+        if not settings.behind_a_pooler:
+            # A pooler's server connections get it from the pooler (deploy/pgbouncer.ini's
+            # connect_query): a SET here would land on whichever one this client had first.
+            event.listen(db.engine, "connect", _turn_jit_off)
     for_commands = loaded_for_its_commands()  # `flask --app app <command>`: it serves nothing
     if not for_commands:
         init_migrations(app, migrations)  # at once: the tests' flask_migrate.upgrade() needs it
@@ -109,6 +122,13 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
     app.before_request(admit)  # the body, the caller, then a work slot (blueprints/admission.py)
     app.after_request(_finish_request)
     app.teardown_request(work_slots.give_back)
+    if settings.proxy_hops:
+        # Our own proxies' X-Forwarded-For and -Proto, exactly PROXY_HOPS of them from the right:
+        # the sign-in throttle and the logs then see the client, and a client's own header
+        # names nobody (docs/deployment.md).
+        app.wsgi_app = ProxyFix(  # type: ignore[method-assign]
+            app.wsgi_app, x_for=settings.proxy_hops, x_proto=settings.proxy_hops
+        )
     return app
 
 
@@ -187,12 +207,13 @@ def _finish_request(response):
     operation = _operation_name()
     count_request(operation, request.method, response.status_code, seconds)
     access_log.info(
-        "request_id=%s method=%s path=%s status=%s duration_ms=%.1f caller=%s",
+        "request_id=%s method=%s path=%s status=%s duration_ms=%.1f client=%s caller=%s",
         request_id(),
         request.method,
         path,
         response.status_code,
         seconds * 1000,
+        request.remote_addr or "-",
         caller.actor if caller else "-",
         extra={
             "request_id": request_id(),
@@ -201,6 +222,8 @@ def _finish_request(response):
             "path": path,
             "status": response.status_code,
             "duration_ms": round(seconds * 1000, 1),
+            # The peer, or behind our proxies (PROXY_HOPS) the client they name.
+            "client": request.remote_addr,
             "brand_id": caller.brand_id if caller else None,
             "key_id": caller.key_id if caller else None,
         },

@@ -36,6 +36,11 @@ EMBEDDED_REDIS_URL_FILE = "redis-url"
 
 
 FAILPOINT_ACTIONS = ("exit", "sleep", "sleep-once", "raise")
+# DATABASE_POOLER: what DATABASE_URL reaches. `pgbouncer`: a PgBouncer pool in transaction mode
+# (deploy/pgbouncer.ini), which hands each transaction any server connection (docs/deployment.md).
+DATABASE_POOLERS = ("none", "pgbouncer")
+# PROXY_HOPS: reverse proxies in front of gunicorn whose X-Forwarded-For/-Proto are believed.
+MAX_PROXY_HOPS = 5
 LOG_FORMATS = ("text", "json")
 _RATE = re.compile(r"([1-9][0-9]{0,8})\s*/\s*(second|minute|hour)")
 
@@ -48,6 +53,13 @@ class ConfigError(RuntimeError):
 class Settings:
     app_env: str
     database_url: str
+    # `none` or `pgbouncer` (transaction pooling): then no statement is prepared on the server
+    # and nothing is set for the session; what needs a session (LISTEN, the retention purge's
+    # lock) goes to `database_direct_url`, PostgreSQL itself (DATABASE_URL when no pooler).
+    database_pooler: str
+    database_direct_url: str
+    # X-Forwarded-For/-Proto hops set by our own proxies (deploy/nginx.conf): 0 trusts none.
+    proxy_hops: int
     redis_url: str | None
     secret_key: str
     encryption_key: str
@@ -87,14 +99,23 @@ class Settings:
     def is_production(self) -> bool:
         return self.app_env == "production"
 
+    @property
+    def behind_a_pooler(self) -> bool:
+        return self.database_pooler != "none"
+
     @classmethod
     def from_environ(cls, environ: Mapping[str, str], *, instance_path: str) -> Settings:
         app_env = environ.get("APP_ENV", "development").strip() or "development"
         if app_env not in ENVIRONMENTS:
             raise ConfigError(f"APP_ENV must be one of {', '.join(ENVIRONMENTS)}, not {app_env!r}")
+        database_url = _database_url(environ, instance_path, app_env)
+        database_pooler = _choice(environ, "DATABASE_POOLER", DATABASE_POOLERS)
         return cls(
             app_env=app_env,
-            database_url=_database_url(environ, instance_path, app_env),
+            database_url=database_url,
+            database_pooler=database_pooler,
+            database_direct_url=_database_direct_url(environ, database_url, database_pooler),
+            proxy_hops=_int(environ, "PROXY_HOPS", 0, minimum=0, maximum=MAX_PROXY_HOPS),
             redis_url=environ.get("REDIS_URL")
             or _embedded_url(instance_path, app_env, EMBEDDED_REDIS_URL_FILE),
             secret_key=_instance_secret(environ, "SECRET_KEY", instance_path, app_env),
@@ -207,6 +228,11 @@ def _database_url(environ: Mapping[str, str], instance_path: str, app_env: str) 
             "DATABASE_URL is not set: start `make run` (it runs an embedded PostgreSQL), "
             "or set DATABASE_URL=postgresql://USER@HOST:PORT/DATABASE"
         )
+    return _psycopg_url("DATABASE_URL", url)
+
+
+def _psycopg_url(name: str, url: str) -> str:
+    """`url` (variable `name`) with the psycopg 3 driver named; PostgreSQL only."""
     for scheme in ("postgres://", "postgresql://"):
         if url.startswith(scheme):
             return "postgresql+psycopg://" + url[len(scheme) :]
@@ -214,9 +240,24 @@ def _database_url(environ: Mapping[str, str], instance_path: str, app_env: str) 
         return url
     scheme = url.split(":", 1)[0]
     raise ConfigError(
-        f"DATABASE_URL must be a PostgreSQL URL (postgresql://...), not {scheme}:; "
+        f"{name} must be a PostgreSQL URL (postgresql://...), not {scheme}:; "
         "PostgreSQL is the only database: unset DATABASE_URL and `make run` starts an embedded one"
     )
+
+
+def _database_direct_url(environ: Mapping[str, str], database_url: str, pooler: str) -> str:
+    """DATABASE_DIRECT_URL: PostgreSQL itself, for what a transaction pool cannot carry;
+    required with a pooler, where DATABASE_URL is the pool."""
+    raw = environ.get("DATABASE_DIRECT_URL", "").strip()
+    if not raw:
+        if pooler != "none":
+            raise ConfigError(
+                f"DATABASE_DIRECT_URL is required with DATABASE_POOLER={pooler}: the wake-up "
+                "listener's LISTEN and the retention purge's lock need a session of their own, "
+                "on PostgreSQL itself (postgresql://USER@HOST:PORT/DATABASE)"
+            )
+        return database_url
+    return _psycopg_url("DATABASE_DIRECT_URL", raw)
 
 
 def _embedded_url(instance_path: str, app_env: str, marker_name: str) -> str | None:

@@ -25,7 +25,8 @@ runs: the deliveries stay pending and the measurement is of the request path).
    every run is logged and returned.
 2. latency: an open-loop client (this file run with --open-loop, in its own process) opens 16
    keep-alive connections (again until they are split at most 10/6), then sends postbacks on a
-   fixed schedule at half `ceiling_per_s` and times each from its SCHEDULED send time, so that
+   fixed schedule at half `postbacks_per_s` (the route's own capacity, measured just before in
+   the same run) and times each from its SCHEDULED send time, so that
    a stall of the server is not hidden by the client waiting for it (coordinated omission). It
    reports the rate it achieved; a run that fell short of the target rate is said so, with
    whether the server or the client fell behind, and marked (`rate_kept: false`). The same run
@@ -87,7 +88,7 @@ WORKERS = 2
 # connection_split); the split is sampled this many seconds into a run.
 LOPSIDED = 10
 SPLIT_ATTEMPTS = 20
-# The open-loop runs ask for an even split: they send half the ceiling's rate, so with 10/6 one
+# The open-loop runs ask for an even split: they send half the route's rate, so with 10/6 one
 # worker gets 62.5% of it, more than one process (its Python on one core) may carry while the
 # other idles, and p99 would measure the accept race instead of the route. The client
 # reconnects only the connections of the crowded worker, round after round.
@@ -103,6 +104,10 @@ TARGET_RATIO = 0.5
 TARGET_P99_MS = 30.0
 # The open-loop client is said to have kept its rate when it achieved this share of it.
 RATE_KEPT = 0.95
+# A request slower than this is a stall's (at half load a postback takes a few ms); the
+# open-loop run lists when they came, grouped into spells, the first SPELLS_SHOWN of them.
+SLOW_MS = 100.0
+SPELLS_SHOWN = 8
 
 
 def postback_body(link_code: str, key: str) -> str:
@@ -474,6 +479,12 @@ async def _open_loop(options) -> dict:
 
     measured = range(warm, total)
     latency = [(done[i] - scheduled[i]) * 1000 for i in measured]
+    # The slow requests, by the wall clock, to be set beside PostgreSQL's log and the servers'.
+    wall = time.time() - time.monotonic()
+    slow = sorted(
+        ((latency[n], scheduled[i]) for n, i in enumerate(measured) if latency[n] > SLOW_MS),
+        key=lambda pair: pair[1],
+    )
     service = [(done[i] - sent[i]) * 1000 for i in measured]
     # Late because the client's loop was late (its connection was free in time), not because
     # every connection was still waiting for the server.
@@ -499,7 +510,27 @@ async def _open_loop(options) -> dict:
         "client_lag_p99_ms": round(percentile(client_lag, 99), 2) if client_lag else 0.0,
         "waited_for_a_connection": waited,
         "reconnects": state["reconnects"],
+        "slow_requests": len(slow),
+        "slow_spells": _spells([(at + wall, ms) for ms, at in slow]),
+        "slow_windows": [(at + wall, at + wall + ms / 1000) for ms, at in slow[:5000]],
     }
+
+
+def _spells(slow: list[tuple[float, float]]) -> list[str]:
+    """Slow requests (wall time scheduled, ms) grouped into spells a second apart at least:
+    "HH:MM:SS.mmm +N.Ns: K requests, worst W ms" each, the first ones only."""
+    spells: list[list[tuple[float, float]]] = []
+    for at, ms in slow:
+        if spells and at - spells[-1][-1][0] < 1.0:
+            spells[-1].append((at, ms))
+        else:
+            spells.append([(at, ms)])
+    return [
+        f"{time.strftime('%H:%M:%S', time.gmtime(spell[0][0]))}.{int(spell[0][0] % 1 * 1000):03d}"
+        f" +{spell[-1][0] - spell[0][0]:.1f}s: {len(spell)} requests, worst "
+        f"{max(ms for _, ms in spell):.0f} ms"
+        for spell in spells[:SPELLS_SHOWN]
+    ]
 
 
 def balance_open_loop(client: subprocess.Popen, url: str) -> tuple[int, ...] | None:
@@ -671,6 +702,94 @@ def smoke_test(url: str, api_key: str, key: str) -> dict:
         return payload
 
 
+class WaitSampler:
+    """`--sample-waits`: what the run's database backends are doing, every 10 ms, from
+    pg_stat_activity (wait event, or CPU when active and waiting on nothing): counted over the
+    whole run and over the samples taken while some request was in a stall (over SLOW_MS)."""
+
+    QUERY = (
+        "SELECT state, wait_event_type, wait_event FROM pg_stat_activity"
+        " WHERE datname = current_database() AND backend_type = 'client backend'"
+        " AND pid <> pg_backend_pid()"
+    )
+
+    def __init__(self, conninfo: str) -> None:
+        import threading
+
+        self.samples: list[tuple[float, list[str]]] = []
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(conninfo,), daemon=True)
+        self._thread.start()
+
+    def _run(self, conninfo: str) -> None:
+        import psycopg
+
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            while not self._stopping.wait(0.01):
+                rows = conn.execute(self.QUERY).fetchall()
+                self.samples.append((time.time(), [self._what(*row) for row in rows]))
+
+    @staticmethod
+    def _what(state, wait_type, wait_event) -> str:
+        if state == "active":
+            return f"active:{wait_type}:{wait_event}" if wait_type else "active:cpu"
+        if state == "idle in transaction" and wait_event != "ClientRead":
+            return f"in-transaction:{wait_type}:{wait_event}"
+        return state or "?"
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join(5)
+
+    def summary(self, slow_windows: list[tuple[float, float]]) -> dict:
+        def counted(samples) -> dict[str, int]:
+            counts: dict[str, int] = {}
+            for _, states in samples:
+                for state in states:
+                    if state != "idle":
+                        counts[state] = counts.get(state, 0) + 1
+            return dict(sorted(counts.items(), key=lambda item: -item[1])[:8])
+
+        stalled = [
+            sample
+            for sample in self.samples
+            if any(start <= sample[0] <= end for start, end in slow_windows)
+        ]
+        return {
+            "samples": len(self.samples),
+            "all": counted(self.samples),
+            "samples_in_stalls": len(stalled),
+            "in_stalls": counted(stalled),
+        }
+
+
+def database_activity(conninfo: str) -> dict:
+    """PostgreSQL's checkpoints so far, of whatever cause (timed, or requested: a DROP DATABASE
+    or CREATE DATABASE anywhere on the server asks for one), and the dead rows of the link
+    counters, the one table every postback updates."""
+    import psycopg
+
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        # PostgreSQL 17 moved these to a view of their own.
+        newer = conn.info.server_version >= 170000
+        timed, requested, written = conn.execute(
+            "SELECT num_timed, num_requested, buffers_written FROM pg_stat_checkpointer"
+            if newer
+            else "SELECT checkpoints_timed, checkpoints_req, buffers_checkpoint"
+            " FROM pg_stat_bgwriter"
+        ).fetchone()
+        dead = conn.execute(
+            "SELECT COALESCE(sum(n_dead_tup), 0) FROM pg_stat_user_tables"
+            " WHERE relname = 'tracked_link_conversion_counts'"
+        ).fetchone()[0]
+    return {
+        "timed": timed,
+        "requested": requested,
+        "buffers_written": written,
+        "counter_dead_rows": int(dead),
+    }
+
+
 def check(conninfo: str, data: dict, tally: Tally) -> list[str]:
     """What the database holds against what was sent and answered; the problems found."""
     import psycopg
@@ -815,7 +934,23 @@ def measure_latency(name: str, phase: str, url: str, rate: int, args, tally) -> 
         f"{name} latency: open loop at {rate}/s for {args.latency_duration}s after a "
         f"{args.warmup}s warm-up, {CONNECTIONS} connections"
     )
-    latency = run_open_loop(url, rate, args, f"{args.run_id}-{phase}")
+    before = database_activity(args.conninfo)
+    sampler = WaitSampler(args.conninfo) if args.sample_waits and tally is not None else None
+    try:
+        latency = run_open_loop(url, rate, args, f"{args.run_id}-{phase}")
+    finally:
+        if sampler is not None:
+            sampler.stop()
+    if sampler is not None:
+        latency["waits"] = sampler.summary(latency.pop("slow_windows"))
+        log(f"{name}: PostgreSQL's backends, sampled every 10 ms: {latency['waits']}")
+    else:
+        latency.pop("slow_windows")
+    after = database_activity(args.conninfo)
+    latency["checkpoints"] = {
+        name: after[name] - before[name] for name in ("timed", "requested", "buffers_written")
+    }
+    latency["counter_dead_rows"] = after["counter_dead_rows"]
     if tally is not None:
         tally.add(phase, latency["sent"], latency["statuses"], {}, True)
     args.splits[phase] = latency["split"]
@@ -827,7 +962,10 @@ def measure_latency(name: str, phase: str, url: str, rate: int, args, tally) -> 
         f"{latency['service_p99_ms']} ms; achieved {latency['achieved_rate_per_s']}/s of "
         f"{rate}/s; {latency['waited_for_a_connection']} waited for a free connection; "
         f"client timer lag p99 {latency['client_lag_p99_ms']} ms; reconnects "
-        f"{latency['reconnects']}; connections per worker {latency['split']}"
+        f"{latency['reconnects']}; connections per worker {latency['split']}; checkpoints "
+        f"during it {latency['checkpoints']}; the link counters' dead rows "
+        f"{latency['counter_dead_rows']}; {latency['slow_requests']} requests over "
+        f"{SLOW_MS:g} ms: {latency['slow_spells']}"
     )
     if not latency["rate_kept"]:
         server_bound = (
@@ -862,6 +1000,17 @@ def measure_latencies(ceiling_url: str, app_url: str, rate: int, args, tally) ->
         app_runs.append(measure_latency("postbacks", f"lat{round_}", app_url, rate, args, tally))
     args.ceiling_latency_runs = [run["p99_ms"] for run in ceiling_runs]
     args.postback_latency_runs = [run["p99_ms"] for run in app_runs]
+    # What else happened in each run: a stall is read beside these.
+    args.postback_run_details = [
+        {
+            "p99_ms": run["p99_ms"],
+            "max_ms": run["max_ms"],
+            "checkpoints": run["checkpoints"],
+            "counter_dead_rows": run["counter_dead_rows"],
+            "slow_spells": run["slow_spells"],
+        }
+        for run in app_runs
+    ]
     log(
         f"p99 at {rate}/s: postbacks {args.postback_latency_runs} ms, ceiling "
         f"{args.ceiling_latency_runs} ms; the median run of each is reported"
@@ -888,10 +1037,12 @@ def run(args, workdir: Path, processes: Processes) -> dict:
     script.write_text(WRK_SCRIPT)
     options = [*GUNICORN_OPTIONS, "--graceful-timeout", "5", *gunicorn_control_socket_args()]
     args.run_id = "pb-" + secrets.token_hex(4)
+    args.load_at_start = round(os.getloadavg()[0], 2)
     args.splits = {}
     tally = Tally()
 
     with migrated_app_on_postgresql("bench-postbacks-") as (app, conninfo):
+        args.conninfo = conninfo
         try:
             data = make_data(app)
             args.api_key = data["api_key"]
@@ -914,7 +1065,9 @@ def run(args, workdir: Path, processes: Processes) -> dict:
             postback_rate, ceiling_rate = measure_rates(
                 wrk, script, app_base, ceiling_base, path, args, tally
             )
-            half = args.latency_rate or round(ceiling_rate / 2)
+            # Half the route's own capacity, measured above (issue 42): at half the ceiling's
+            # rate a slow machine ran the route near its own limit, and p99 measured the queue.
+            half = args.latency_rate or round(postback_rate / 2)
             ceiling_latency, latency = measure_latencies(
                 f"{ceiling_base}{path}", f"{app_base}{path}", half, args, tally
             )
@@ -955,6 +1108,10 @@ def run(args, workdir: Path, processes: Processes) -> dict:
         "ceiling_p99_ms_runs": args.ceiling_latency_runs,
         "postback_p99_ms_runs": args.postback_latency_runs,
         "connections_per_worker": args.splits,
+        "route_capacity_per_s": round(postback_rate, 1),
+        "postback_runs": args.postback_run_details,
+        # The machine is shared: its load average (1 minute) when the run began and ended.
+        "load_average": [args.load_at_start, round(os.getloadavg()[0], 2)],
     }
 
 
@@ -969,13 +1126,18 @@ def main() -> None:
         "--latency-duration", type=int, default=15, help="seconds of the open-loop run"
     )
     parser.add_argument(
-        "--latency-rate", type=int, default=0, help="open-loop rate (default: half the ceiling)"
+        "--latency-rate", type=int, default=0, help="open-loop rate (default: half postbacks_per_s)"
     )
     parser.add_argument(
         "--latency-rounds",
         type=int,
         default=3,
         help="open-loop runs of each server, alternating; the median run of each is reported",
+    )
+    parser.add_argument(
+        "--sample-waits",
+        action="store_true",
+        help="sample PostgreSQL's wait events every 10 ms during the postback open-loop runs",
     )
     parser.add_argument(
         "--logs",

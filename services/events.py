@@ -350,19 +350,24 @@ _PUBLISH_CTES_TEMPLATE = (
 )
 
 
-def _publish_ctes(rule: tuple[str, str, str]) -> str:
+def _publish_ctes(
+    rule: tuple[str, str, str], notify: str = NOTIFY_BRAND_SQL.format(brand="event.brand_id")
+) -> str:
     considers, receives, passed_over = rule
     return (
         _PUBLISH_CTES_TEMPLATE.replace("{considers}", considers)
         .replace("{receives}", receives)
         .replace("{passed_over}", passed_over)
-        .replace("{notify}", NOTIFY_BRAND_SQL.format(brand="event.brand_id"))
+        .replace("{notify}", notify)
     )
 
 
 # For statements that publish an event themselves (a postback's):
 # `.format(source=, body=, sequence=, campaign=)`.
 PUBLISH_CTES = _publish_ctes(_SUBSCRIBED)
+# The same, waking nobody: the caller wakes the brand after its commit (a postback:
+# services/wakeups.py, `wake_after_commit`, says why).
+PUBLISH_CTES_WAKING_NOBODY = _publish_ctes(_SUBSCRIBED, notify="NULL")
 WOKEN = "(SELECT count(*) FROM woken)"
 
 

@@ -38,9 +38,15 @@ from models.webhook_endpoint import SUBJECT_ORDERING
 from observability.tracing import publishing_traceparent
 from schemas.events import event_data
 from services.errors import Conflict
-from services.events import PUBLISH_CTES, WOKEN, event_body_around, subject_parameters
+from services.events import (
+    PUBLISH_CTES_WAKING_NOBODY,
+    WOKEN,
+    event_body_around,
+    subject_parameters,
+)
 from services.failpoints import failpoint
 from services.psycopg_direct import fetch_first_on_psycopg, psycopg_sql
+from services.wakeups import wake_after_commit
 
 DEFAULT_IN_FLIGHT_WINDOW_SECONDS = 120
 # In flight almost always means "a few milliseconds from committing".
@@ -185,6 +191,9 @@ def _record_in_one_statement(
             conversion=_stored(conversion.brand_id, conversion.idempotency_key), replay=True
         )
     conversion.link_id, conversion.campaign_id, conversion.deal_id, _woken = recorded
+    # After the commit, not in it: a notifying commit holds a lock for the whole server until
+    # it is on disk (services/wakeups.py).
+    wake_after_commit(connection, conversion.brand_id)
     # The last moment before the caller commits: the key, the conversion, the counters and the
     # event are all written and none is visible yet. Tests crash or hang a server here.
     failpoint("postback.before_commit")
@@ -294,7 +303,7 @@ _TAKE_KEY_AND_COUNT = (
 )
 _RECORD_STATEMENT = text(
     _TAKE_KEY_AND_COUNT  # noqa: S608 - constant SQL, put together at import
-    + PUBLISH_CTES.format(
+    + PUBLISH_CTES_WAKING_NOBODY.format(
         source="conversion",
         sequence="1",
         campaign="conversion.campaign_id",

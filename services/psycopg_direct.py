@@ -126,6 +126,15 @@ def _run_on_psycopg(connection: Connection, sql: str, params, fetch):
         cursor.close()
 
 
+def commit_on_psycopg(connection: Connection) -> None:
+    """Commit the transaction on `connection` now, failing as SQLAlchemy's commit would; its own
+    commit afterwards finds nothing left to commit."""
+    try:
+        cast(psycopg.Connection, connection.connection.driver_connection).commit()
+    except psycopg.Error as error:
+        raise _as_sqlalchemy_error(connection, error, "COMMIT", {}, None) from error
+
+
 def _as_sqlalchemy_error(connection: Connection, error: psycopg.Error, sql: str, params, cursor):
     """SQLAlchemy's types name a DB-API error by a class of its own, not the driver's; a lost
     connection is invalidated as SQLAlchemy would."""

@@ -14,9 +14,17 @@ after a reconnect the listener tells its subscribers "anything may have happened
 Why inside the transaction: a NOTIFY sent afterwards from a thread of the publishing process
 (this module's first version) costs a transaction of its own per round; at the postback
 benchmark's rate those rounds took a tenth of the machine and its p99 past 600 ms. Inside, it
-is part of a commit that happens anyway. The price: PostgreSQL takes a database-wide lock for
-a moment at each notifying commit, which bounds notifying commits at several thousand a second
-on this kind of machine (docs/benchmarks.md, "Conversion postbacks").
+is part of a commit that happens anyway.
+
+Except a postback's (`wake_after_commit`): at a notifying commit PostgreSQL takes one lock for
+the whole server (every database) and holds it until the commit is on disk, so notifying
+commits flush the WAL one at a time instead of together, and a slow flush holds all of them
+(issue 42: a quarter of the busy samples of the postbacks' stalls waited on that lock, more on
+the flush; docs/benchmarks.md, "Postbacks tail"). A postback's transaction commits without
+it, and its wake-up follows on the same connection in a transaction of its own that does not
+wait for the disk: the lock is then held for microseconds. Lost (the process died between the
+two, or PostgreSQL crashed before the wake-up reached the disk), it costs what a missed
+wake-up costs, above.
 """
 
 from __future__ import annotations
@@ -26,14 +34,16 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from typing import cast
 
 import psycopg
 from flask import Flask, current_app
-from sqlalchemy import text
-from sqlalchemy.engine import Engine
+from sqlalchemy import Connection, text
+from sqlalchemy.engine import Engine, make_url
 
 from extensions import db
 from services.connections import KEEPALIVES, shut_if_stuck
+from services.psycopg_direct import commit_on_psycopg
 
 log = logging.getLogger("brand_api.wakeups")
 
@@ -57,6 +67,48 @@ def notify_brand(brand_id: str) -> None:
 
 
 _NOTIFY = text(f"SELECT {NOTIFY_BRAND_SQL.format(brand=':brand_id')}")
+
+# Brands to wake once the connection's transaction has committed (its `info` lives as long as
+# the database connection); sent by `send_wakeups_at_commit`, dropped at a rollback.
+_WAKE_AFTER_COMMIT = "brand_api_wake_after_commit"
+_WAKE = (
+    "SELECT set_config('synchronous_commit', 'off', true), "  # noqa: S608 - constant SQL
+    + NOTIFY_BRAND_SQL.format(brand="brand")
+    + " FROM unnest(CAST(%s AS text[])) AS brand"
+)
+
+
+def wake_after_commit(connection: Connection, brand_id: str) -> None:
+    """Wake the brand's readers after the transaction on `connection` commits, not in it (the
+    module's doc says why): for the hottest publisher, a postback."""
+    connection.info.setdefault(_WAKE_AFTER_COMMIT, set()).add(brand_id)
+
+
+def send_wakeups_at_commit(connection: Connection) -> None:
+    """The engine's `commit` event: commit, then send the wake-ups asked for, in a transaction
+    of their own that does not wait for the disk. A failure of the commit is raised; one of the
+    wake-ups only logged (the data is committed, and a wake-up is a hint)."""
+    brands = connection.info.pop(_WAKE_AFTER_COMMIT, None)
+    if not brands:
+        return
+    commit_on_psycopg(connection)
+    raw = cast(psycopg.Connection, connection.connection.driver_connection)
+    try:
+        with raw.pipeline():  # one exchange: BEGIN, the NOTIFYs, COMMIT
+            raw.execute(_WAKE, [sorted(brands)])
+            raw.commit()
+    except psycopg.Error as error:
+        log.warning("wake-up after commit not sent (%s); readers poll", type(error).__name__)
+        try:
+            raw.rollback()
+        except psycopg.Error:
+            connection.invalidate(error)
+
+
+def forget_wakeups(connection: Connection) -> None:
+    """The engine's `rollback` event: nothing was committed, nobody is woken."""
+    if not connection.invalidated:  # an invalidated one's database connection is gone, info too
+        connection.info.pop(_WAKE_AFTER_COMMIT, None)
 
 
 class WakeupListener:
@@ -154,6 +206,11 @@ def conninfo_for(engine: Engine) -> str:
     return engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
 
 
+def direct_conninfo(database_url: str) -> str:
+    """A libpq URL for psycopg from a SQLAlchemy URL (`postgresql+psycopg://`)."""
+    return make_url(database_url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
 _listeners: dict[str, WakeupListener] = {}
 _listeners_lock = threading.Lock()
 
@@ -161,8 +218,8 @@ _listeners_lock = threading.Lock()
 def listener_for(app: Flask | None = None) -> WakeupListener:
     """This process's listener for the app's database, started on first use."""
     app = app or current_app._get_current_object()  # type: ignore[attr-defined]  # a LocalProxy
-    with app.app_context():
-        conninfo = conninfo_for(db.engine)
+    # PostgreSQL itself: a LISTEN belongs to a session, which a transaction pool does not keep.
+    conninfo = direct_conninfo(app.extensions["settings"].database_direct_url)
     with _listeners_lock:
         listener = _listeners.get(conninfo)
         if listener is None:

@@ -133,3 +133,31 @@ def test_an_encryption_key_that_is_not_a_fernet_key_stops_the_app(app_environ):
     with pytest.raises(ConfigError, match="ENCRYPTION_KEY must be") as raised:
         create_app({**app_environ, "ENCRYPTION_KEY": "not-a-fernet-key-at-all"})
     assert "not-a-fernet-key-at-all" not in str(raised.value)
+
+
+def test_no_pooler_and_no_proxy_by_default(tmp_path):
+    loaded = settings(tmp_path)
+    assert (loaded.database_pooler, loaded.behind_a_pooler) == ("none", False)
+    assert loaded.database_direct_url == loaded.database_url
+    assert loaded.proxy_hops == 0
+
+
+def test_a_pooler_needs_a_direct_url_for_what_needs_a_session(tmp_path):
+    with pytest.raises(ConfigError, match="DATABASE_DIRECT_URL is required"):
+        settings(tmp_path, DATABASE_POOLER="pgbouncer")
+    loaded = settings(
+        tmp_path, DATABASE_POOLER="pgbouncer", DATABASE_DIRECT_URL="postgres://app@db:5432/brand"
+    )
+    assert loaded.behind_a_pooler
+    assert loaded.database_direct_url == "postgresql+psycopg://app@db:5432/brand"
+    with pytest.raises(ConfigError, match="DATABASE_DIRECT_URL must be a PostgreSQL URL"):
+        settings(tmp_path, DATABASE_POOLER="pgbouncer", DATABASE_DIRECT_URL="mysql://db/brand")
+    with pytest.raises(ConfigError, match="DATABASE_POOLER must be one of none, pgbouncer"):
+        settings(tmp_path, DATABASE_POOLER="odyssey")
+
+
+def test_proxy_hops_are_counted_and_bounded(tmp_path):
+    assert settings(tmp_path, PROXY_HOPS="2").proxy_hops == 2
+    for wrong in ("-1", "6", "one"):
+        with pytest.raises(ConfigError, match="PROXY_HOPS"):
+            settings(tmp_path, PROXY_HOPS=wrong)

@@ -15,6 +15,7 @@ import pytest
 
 from extensions import db
 from services.events import publish_event
+from services.postbacks import Postback, record_postback
 from services.wakeups import HEALTH_CHECK_SECONDS, WakeupListener, conninfo_for
 
 
@@ -72,6 +73,27 @@ def test_a_postback_wakes_listeners_with_its_brand(client, brand, read_key, list
     )
     assert replay.status_code == 200
     assert _drain(heard, 1.0) == []  # a replay publishes nothing
+
+
+def test_a_postback_wakes_its_brand_once_committed_and_a_rolled_back_one_nobody(
+    app, brand, listener
+):
+    # Its transaction sends no NOTIFY (it would hold PostgreSQL's server-wide notify lock until
+    # the commit is on disk); the wake-up follows the commit (services/wakeups.py).
+    heard = _heard(listener)
+    with app.app_context():
+        record_postback(
+            brand_id=brand, idempotency_key="wakeup-later-00001", postback=Postback("purchase")
+        )
+        assert _drain(heard, 1.0) == []  # not yet committed: nobody could read it
+        db.session.commit()
+        assert _drain(heard, 5) == [frozenset({brand})]
+        record_postback(
+            brand_id=brand, idempotency_key="wakeup-later-00002", postback=Postback("purchase")
+        )
+        db.session.rollback()
+        db.session.remove()
+    assert _drain(heard, 1.0) == []
 
 
 def test_a_rolled_back_event_wakes_nobody(app, brand, listener):

@@ -11,8 +11,10 @@ from dataclasses import asdict
 from datetime import timedelta
 
 import redis
-from flask import Flask
+from flask import Flask, current_app
 from rq import Queue
+from sqlalchemy import Connection, create_engine
+from sqlalchemy.pool import NullPool
 
 from extensions import db
 from models.columns import utcnow
@@ -60,12 +62,22 @@ def stop_purge() -> None:
     _stopping.set()
 
 
+def _purge_connection() -> Connection:
+    """The purge holds a session-level advisory lock across its batches' transactions, which a
+    transaction pool would leave on a server connection someone else gets: behind a pooler it
+    opens a connection to PostgreSQL itself (DATABASE_DIRECT_URL), closed when it ends."""
+    settings = current_app.extensions["settings"]
+    if not settings.behind_a_pooler:
+        return db.engine.connect()
+    return create_engine(settings.database_direct_url, poolclass=NullPool).connect()
+
+
 def purge_expired() -> None:
     """The job: delete what is past the retention, a batch at a time, until done or asked to
     stop (the next interval's purge takes up the rest)."""
     _stopping.clear()
     try:
-        with db.engine.connect() as connection:
+        with _purge_connection() as connection:
             purged = delete_expired_deliveries(
                 connection,
                 now=utcnow(),
