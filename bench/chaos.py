@@ -451,7 +451,7 @@ class Bounded:
             conn.execute(
                 SEED_BACKLOG,
                 {
-                    "tag": "".join(c for c in self.scenario if c.isalnum())[:4],
+                    "tag": f"{SCENARIOS.index(self.scenario):04d}",
                     "brand_id": brand_id,
                     "endpoint_id": endpoint_id,
                     "event_id": event.id,
