@@ -771,7 +771,9 @@ class Bounded:
         disabled, re-enabled, then the worker holding the lease dies (kill -9). X's later
         events are delivered, in order, once the lease has lapsed: the earlier delivery, ended
         by the disable's job, holds nothing. Nobody restarts anything."""
-        self.start_worker()
+        # Both live, so that each takes its share of the other brand's endpoints' limits (the
+        # one killed must not hold both slots of one: those wait for their leases).
+        self.wait_ready(self.start_worker())
         time.sleep(2)
         self.mode("hang")
         first = self.publish_to_attacked({"id": "deal_chaos_x", "n": 1})
