@@ -330,7 +330,10 @@ class Bench:
             for number in range(self.args.burst_postbacks):
                 response = http.post(
                     f"{self.api_url}/api/v1/brand/{brand}/conversion/record-postback",
-                    headers={"X-Api-Key": keys[brand], "Idempotency-Key": f"burst-{number:06}"},
+                    headers={
+                        "X-Api-Key": keys[brand],
+                        "Idempotency-Key": f"burst-order-{number:06}",
+                    },
                     json={"eventType": "purchase", "valueMinor": 1000 + number, "currency": "NGN"},
                     timeout=10,
                 )
