@@ -578,7 +578,7 @@ SEED_BACKLOG = """
                %(endpoint_id)s, %(event_id)s, 'deal.completed', 'pending', %(attempts)s,
                statement_timestamp() + make_interval(secs => %(delay)s),
                statement_timestamp() - interval '1 minute'
-        FROM generate_series(%(first)s, %(last)s) AS i
+        FROM generate_series(CAST(%(first)s AS int), CAST(%(last)s AS int)) AS i
         RETURNING id, next_attempt_at
     )
     INSERT INTO webhook_delivery_queue (delivery_id, endpoint_id, next_attempt_at, attempt_count)
