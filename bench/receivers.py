@@ -448,6 +448,11 @@ class Bench:
         try:
             env = app_settings(backends.database_url, backends.redis_url)
             self.child_env = child_environ(env)
+            if self.args.tracing:
+                # Issue 44: the API and the worker export every span to a local OTLP sink.
+                from bench.deliveries import start_otlp_sink
+
+                self.child_env["OTEL_EXPORTER_OTLP_ENDPOINT"] = start_otlp_sink(self.processes)
             receiver = self.processes.start(
                 "receiver",
                 [sys.executable, str(Path(__file__).resolve()), "--receiver"],
@@ -514,6 +519,11 @@ def main() -> None:
     )
     parser.add_argument(
         "--burst-postbacks", type=int, default=30, help="postbacks to each brand in the burst"
+    )
+    parser.add_argument(
+        "--tracing",
+        action="store_true",
+        help="export traces (OTLP/HTTP) from the API and the worker to a local sink",
     )
     args = parser.parse_args()
     if args.receiver:
