@@ -888,13 +888,7 @@ class Bounded:
         recovered = self.poll(
             "the probe's success", lambda: self.endpoint_row(self.attacked)["failures"] == 0, 60
         )
-        caught_up = self.poll(
-            "every retry brought forward",
-            lambda: self.queued(self.attacked, waiting=True) == 0,
-            1800,
-            every=1,
-        )
-        rate = self.rate_over(self.attacked, 20)
+        caught_up, rate = self.caught_up()
         self.extra.update(
             backlog=self.args.backlog,
             probe_succeeded_after_s=round(recovered, 1),
@@ -902,6 +896,17 @@ class Bounded:
             brought_forward_per_s=round(self.args.backlog / max(caught_up, 0.001)),
             attacked_delivered_per_s=rate,
         )
+
+    def caught_up(self) -> tuple[float, float]:
+        """Seconds until no delivery of the attacked endpoint waits for a retry any more, and
+        the rate it is delivered at over the next 20 s."""
+        caught_up = self.poll(
+            "every retry brought forward",
+            lambda: self.queued(self.attacked, waiting=True) == 0,
+            1800,
+            every=1,
+        )
+        return caught_up, self.rate_over(self.attacked, 20)
 
     def retry_pending(self) -> None:
         """retry-pending from the API over a backlog waiting for a retry: it answers at once
@@ -919,13 +924,7 @@ class Bounded:
         with opener.open(request, timeout=30) as response:
             answer = json.loads(response.read())
         answered_ms = (time.monotonic() - started) * 1000
-        caught_up = self.poll(
-            "every retry brought forward",
-            lambda: self.queued(self.attacked, waiting=True) == 0,
-            1800,
-            every=1,
-        )
-        rate = self.rate_over(self.attacked, 20)
+        caught_up, rate = self.caught_up()
         self.extra.update(
             backlog=self.args.backlog,
             api_ms=round(answered_ms, 1),
