@@ -37,8 +37,8 @@ _ZERO_SPAN_ID = "0" * 16
 # that a receiver's parent-based sampler keeps its side of the trace.
 SAMPLED = "01"
 
-# The tracer of `webhook.attempt` spans, once `start_tracing` has set OpenTelemetry up.
-_tracer: Any = None
+# What makes `webhook.attempt` spans, once `start_tracing` has set OpenTelemetry up.
+_attempts: _AttemptSpans | None = None
 
 
 def exporting_requested(environ: Mapping[str, str]) -> bool:
@@ -48,7 +48,7 @@ def exporting_requested(environ: Mapping[str, str]) -> bool:
 
 def tracing() -> bool:
     """This process exports traces."""
-    return _tracer is not None
+    return _attempts is not None
 
 
 def start_tracing(service_name: str, *, app: Flask | None = None) -> bool:
@@ -56,10 +56,10 @@ def start_tracing(service_name: str, *, app: Flask | None = None) -> bool:
     the OTLP/HTTP exporter behind a batching processor, PostgreSQL and Redis instrumented, and
     `app`'s requests as server spans. `service_name` unless `OTEL_SERVICE_NAME` names one.
     Whether traces are exported."""
-    global _tracer  # one tracer provider per process, as OpenTelemetry has it
+    global _attempts  # one tracer provider per process, as OpenTelemetry has it
     if not exporting_requested(os.environ):
         return False
-    if _tracer is None:
+    if _attempts is None:
         from opentelemetry import trace
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
@@ -78,7 +78,7 @@ def start_tracing(service_name: str, *, app: Flask | None = None) -> bool:
         trace.set_tracer_provider(provider)
         PsycopgInstrumentor().instrument()
         RedisInstrumentor().instrument()
-        _tracer = trace.get_tracer("brand_api.webhooks")
+        _attempts = _AttemptSpans(trace.get_tracer("brand_api.webhooks"))
     if app is not None:
         from opentelemetry.instrumentation.flask import FlaskInstrumentor
 
@@ -88,7 +88,7 @@ def start_tracing(service_name: str, *, app: Flask | None = None) -> bool:
 
 def stop_tracing() -> None:
     """Send what is still batched (a worker stopping); nothing when not exporting."""
-    if _tracer is None:
+    if _attempts is None:
         return
     from opentelemetry import trace
 
@@ -110,7 +110,7 @@ def publishing_traceparent() -> str | None:
     """The trace context an event published now keeps, for its attempts to join: the current
     span's (the API request's server span) when exporting, else the `traceparent` the request
     came with, if valid; None outside a request with neither."""
-    if _tracer is not None:
+    if _attempts is not None:
         from opentelemetry import trace
 
         context = trace.get_current_span().get_span_context()
@@ -125,6 +125,46 @@ def publishing_traceparent() -> str | None:
     return None
 
 
+class _AttemptSpans:
+    """The OpenTelemetry calls an attempt makes, bound once: a worker makes hundreds of attempt
+    spans a second, and importing or building a propagator per span was a third of its cost."""
+
+    def __init__(self, tracer: Any) -> None:
+        from opentelemetry import trace
+        from opentelemetry.context import Context
+        from opentelemetry.trace import SpanKind, Status, StatusCode
+
+        self._tracer = tracer
+        self._trace = trace
+        self._context = Context
+        self._client = SpanKind.CLIENT
+        self._failed = lambda error: Status(StatusCode.ERROR, error)
+
+    def start(self, parent: tuple[str, str, str] | None, attributes: dict[str, Any]) -> Any:
+        """A child of the publishing request (a retry days later too: one trace from the
+        postback to its last attempt); a root of its own when no request published it."""
+        context = self._context()
+        if parent is not None:
+            trace_id, span_id, flags = parent
+            remote = self._trace.SpanContext(
+                int(trace_id, 16),
+                int(span_id, 16),
+                is_remote=True,
+                trace_flags=self._trace.TraceFlags(int(flags, 16)),
+            )
+            context = self._trace.set_span_in_context(self._trace.NonRecordingSpan(remote), context)
+        return self._tracer.start_span(
+            ATTEMPT_SPAN, context=context, kind=self._client, attributes=attributes
+        )
+
+    def end(self, span: Any, http_status: int | None, error: str | None) -> None:
+        if http_status is not None:
+            span.set_attribute("http.response.status_code", http_status)
+        if error is not None:
+            span.set_status(self._failed(error))
+        span.end()
+
+
 class AttemptTrace:
     """One delivery attempt's place in a trace: a `webhook.attempt` span when exporting, and
     the `traceparent` an endpoint with `traceContext` is sent."""
@@ -132,23 +172,8 @@ class AttemptTrace:
     def __init__(self, parent: str | None, attributes: dict[str, Any]) -> None:
         self._parent = parse_traceparent(parent)
         self._span: Any = None
-        if _tracer is not None:
-            from opentelemetry.context import Context
-            from opentelemetry.trace import SpanKind
-            from opentelemetry.trace.propagation.tracecontext import (
-                TraceContextTextMapPropagator,
-            )
-
-            # A child of the publishing request (a retry days later too: one trace from the
-            # postback to its last attempt); a root of its own when no request published it.
-            context = (
-                TraceContextTextMapPropagator().extract({TRACEPARENT: _format(*self._parent)})
-                if self._parent is not None
-                else Context()
-            )
-            self._span = _tracer.start_span(
-                ATTEMPT_SPAN, context=context, kind=SpanKind.CLIENT, attributes=attributes
-            )
+        if _attempts is not None:
+            self._span = _attempts.start(self._parent, attributes)
 
     def traceparent(self) -> str:
         """The header's value: the attempt span's context when exporting, else a span id of
@@ -163,15 +188,8 @@ class AttemptTrace:
 
     def end(self, http_status: int | None, error: str | None) -> None:
         """The answer's status when one came; the error as the span's status when it failed."""
-        if self._span is None:
-            return
-        from opentelemetry.trace import Status, StatusCode
-
-        if http_status is not None:
-            self._span.set_attribute("http.response.status_code", http_status)
-        if error is not None:
-            self._span.set_status(Status(StatusCode.ERROR, error))
-        self._span.end()
+        if self._span is not None and _attempts is not None:
+            _attempts.end(self._span, http_status, error)
 
 
 def _format(trace_id: str, span_id: str, flags: str) -> str:
