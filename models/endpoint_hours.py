@@ -9,8 +9,9 @@ and hour, so the window is 23 rows per endpoint plus the attempts of its two par
 
 A statement trigger on `webhook_attempts` keeps them (migrations/versions/0015): every insert,
 whoever makes it, adds its attempts to their hours in the same transaction, so the counts
-cannot drift from the attempts. A record already locks its endpoints' rows before it writes,
-so the hour row it updates adds no wait. Retention deletes hours older than two days.
+cannot drift from the attempts. Each session counts into rows of its own (`writer`), so two
+workers recording one endpoint's attempts in the same hour never wait for each other's commit;
+a reader sums an endpoint's rows. Retention deletes hours older than two days.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ class EndpointHour(Model):
     endpoint_id: Mapped[str] = mapped_column(id_column_type(), primary_key=True)
     # The hour's start, on UTC's hours.
     hour: Mapped[datetime] = mapped_column(UTCDateTime(), primary_key=True)
+    # The writing session's backend pid (migrations/versions/0020): one row per session and hour.
+    writer: Mapped[int] = mapped_column(Integer, primary_key=True, default=0)
     attempts: Mapped[int] = mapped_column(Integer)
     succeeded: Mapped[int] = mapped_column(Integer)
     last_success_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)

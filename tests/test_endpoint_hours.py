@@ -175,3 +175,59 @@ def test_the_migration_counts_the_attempts_already_made_and_goes_down(app_enviro
                     " 5, now(), 10, '{}')"
                 )
             )
+
+
+def test_two_sessions_count_one_endpoints_hour_without_waiting_for_each_other(app, brand):
+    """Two workers recording attempts of one endpoint in the same hour: the second's insert
+    goes on while the first's transaction is still open (it used to wait for that commit on
+    the hour's one counter row), and the figures count both."""
+    now = utcnow()
+    with app.test_request_context():
+        endpoint, delivery = _endpoint_with_a_delivery(brand, "a")
+        db.session.commit()
+        first, second = db.engine.connect(), db.engine.connect()
+        try:
+            first.execute(insert(WebhookAttempt), [_attempt(delivery, endpoint, 1, now, ok=True)])
+            second.execute(text("SET LOCAL lock_timeout = '2s'"))
+            second.execute(insert(WebhookAttempt), [_attempt(delivery, endpoint, 2, now, ok=False)])
+            second.commit()
+            first.commit()
+        finally:
+            first.close()
+            second.close()
+        writers = db.session.scalars(
+            select(EndpointHour.writer).where(EndpointHour.endpoint_id == endpoint)
+        ).all()
+        assert len(set(writers)) == 2
+        hour = now.replace(minute=0, second=0, microsecond=0)
+        counted = counted_figures([endpoint], start=hour, end=hour + timedelta(hours=1))
+        assert (counted[endpoint].attempts, counted[endpoint].succeeded) == (2, 1)
+
+
+def test_the_per_session_rows_sum_back_into_one_going_down(app_environ, backends):
+    with migrated_to(app_environ, backends, "0020"):
+        with db.engine.begin() as connection:
+            insert_brand_with_endpoints(connection)
+            connection.execute(
+                text(
+                    "INSERT INTO webhook_endpoint_hours (endpoint_id, hour, writer, attempts,"
+                    " succeeded, last_success_at, last_failure_at) VALUES"
+                    " ('whe_m', '2026-11-28 10:00Z', 11, 3, 1, '2026-11-28 10:05Z',"
+                    " '2026-11-28 10:03Z'), ('whe_m', '2026-11-28 10:00Z', 12, 2, 2,"
+                    " '2026-11-28 10:09Z', NULL)"
+                )
+            )
+        downgrade(revision="0019")
+        with db.engine.begin() as connection:
+            rows = connection.execute(
+                text(
+                    "SELECT attempts, succeeded, to_char(last_success_at AT TIME ZONE 'UTC',"
+                    " 'HH24:MI'), to_char(last_failure_at AT TIME ZONE 'UTC', 'HH24:MI')"
+                    " FROM webhook_endpoint_hours"
+                )
+            ).all()
+        assert [tuple(row) for row in rows] == [(5, 3, "10:09", "10:03")]
+        upgrade(revision="0020")
+        with db.engine.begin() as connection:
+            writers = connection.execute(text("SELECT writer FROM webhook_endpoint_hours")).all()
+        assert [tuple(row) for row in writers] == [(0,)]
