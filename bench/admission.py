@@ -77,6 +77,7 @@ ATTACKER_KEYS = 30
 VICTIM_ADDRESS = "127.0.0.2"
 FIRST_ATTACKER_ADDRESS = (127, 0, 0, 3)
 API_SERVERS = 2  # --through-nginx: gunicorn servers behind nginx, one worker each
+NGINX_REFUSAL = b"Too many requests from this address; retry after"
 # Attacks with a target directly against gunicorn; the others are reported only.
 TARGETED = (
     "slow_body_16",
@@ -552,8 +553,7 @@ async def _bad_keys(setup: Setup, source: str, rate: int, random_ids: bool, stop
                     f"{setup.base}/api/v1/brand/{brand}/api-key/fetch-keys",
                     headers={"X-Api-Key": key},
                 ) as reply:
-                    await reply.read()
-                    stats[str(reply.status)] += 1
+                    stats[_answered_by(reply.status, await reply.read())] += 1
             except (aiohttp.ClientError, TimeoutError) as error:
                 stats[type(error).__name__] += 1
 
@@ -567,6 +567,12 @@ async def _bad_keys(setup: Setup, source: str, rate: int, random_ids: bool, stop
             number += 1
         for task in pending:
             task.cancel()
+
+
+def _answered_by(status: int, body: bytes) -> str:
+    """The status, and "nginx" when nginx's own limits refused it (deploy/nginx.conf's message)
+    rather than the app."""
+    return f"{status} nginx" if status == 429 and NGINX_REFUSAL in body else str(status)
 
 
 async def _long_polls(setup: Setup, source: str, count: int, per_key: int, stop, stats) -> None:
@@ -590,8 +596,7 @@ async def _long_polls(setup: Setup, source: str, count: int, per_key: int, stop,
                         params={"after": setup.attacker_event, "wait": "30"},
                         headers={"X-Api-Key": key},
                     ) as reply:
-                        await reply.read()
-                        stats[str(reply.status)] += 1
+                        stats[_answered_by(reply.status, await reply.read())] += 1
                         if reply.status != 200:
                             retry_after = float(reply.headers.get("Retry-After", "1"))
                             await asyncio.sleep(retry_after + secrets.randbelow(1000) / 1000)
