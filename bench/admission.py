@@ -151,7 +151,11 @@ def measure(arguments, workdir: Path, processes: Processes) -> dict:
     else:
         backends = open_backends()
         database_url, redis_url = backends.database_url, backends.redis_url
-    started = {"at": datetime.now(UTC).isoformat(timespec="seconds"), "load": os.getloadavg()}
+    started = {
+        "at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "load": os.getloadavg(),
+        "commit": _commit(),  # at the start: what ran, whatever is committed meanwhile
+    }
     # Entered before the try: its servers (PgBouncer, nginx) stop after the processes in front
     # of or behind them (gunicorn), which the finally stops.
     with contextlib.ExitStack() as stack:
@@ -192,7 +196,6 @@ def measure(arguments, workdir: Path, processes: Processes) -> dict:
     return {
         "base_url": base,
         "mode": mode,
-        "commit": _commit(),
         "started": started,
         "finished": {
             "at": datetime.now(UTC).isoformat(timespec="seconds"),
