@@ -6,24 +6,43 @@ and with a valid one), 256 slow-header connections, 10,000 idle keep-alive conne
 at 200 and 600 requests/s naming brand B or random brand ids, 5,000 long-polls, and one brand
 holding 10 waits on each of 30 keys (brand B's own long-poll must then be served, not refused).
 
-Without `--base-url` it starts `make run` (scripts/run.py: gunicorn, 2 workers) on databases of
-its own and attacks gunicorn directly. With `--base-url` (nginx in front of a server) it attacks
-that URL and creates its brands through `--database-url`, the database that server uses.
-Targets: brand B's p99 < 100 ms under the slow bodies, the bad keys and the long-polls (directly
-against gunicorn); slow headers and idle connections are reported only (a proxy's job).
+Three ways to run it:
+- by default it starts `make run` (scripts/run.py: gunicorn, 2 workers) on databases of its own
+  and attacks gunicorn directly;
+- `--through-nginx` starts deploy/'s stack itself, as tests/test_deploy_stack.py does (both use
+  tests/deploy_stack.py) and docs/deployment.md describes it: PgBouncer from
+  deploy/pgbouncer.ini in transaction mode in front of its database, two gunicorn servers of one
+  worker each (gunicorn.conf.py's threads, so two worker processes as `make run` has) with
+  PROXY_HOPS=1 and DATABASE_POOLER=pgbouncer (DATABASE_DIRECT_URL for the listeners), and nginx
+  from deploy/nginx.conf in front of both; it attacks nginx;
+- `--base-url` attacks a server someone else started and creates its brands through
+  `--database-url`, the database that server uses.
 
-    flock /tmp/brand-bench.lock .venv/bin/python bench/admission.py [--seconds 30]
+Every client has a loopback address of its own (127.0.0.0/8 is all the loopback's): brand B's
+calls (and the quiet brand's long-poll) come from 127.0.0.2, and each attack from an address of
+its own, 127.0.0.3 onwards. nginx limits per client address (deploy/nginx.conf) and the app
+counts failed authentications per address (CONTRACT 13.7): from one address, every client would
+share one count and one limit, as no deployment's clients do. So the bench measures what a real
+deployment sees: the attacker's address limited, brand B's not.
+
+Targets: brand B's p99 < 100 ms. Directly against gunicorn, under the slow bodies, the bad keys
+and the long-polls; slow headers and idle connections are reported only there (a proxy's job).
+Through nginx, under every attack.
+
+    flock /tmp/brand-bench.lock .venv/bin/python bench/admission.py [--seconds 30] [--through-nginx]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import multiprocessing
 import os
 import random
 import resource
 import secrets
+import subprocess
 import sys
 import time
 import uuid
@@ -39,12 +58,14 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (
+    ROOT,
     Processes,
     app_settings,
     free_port,
     log,
     percentile,
     run_benchmark,
+    start_gunicorn,
 )
 
 TARGET_P99_MS = 100.0
@@ -52,6 +73,11 @@ PROBE_RATE = 20.0  # each of fetch-keys and record-postback, a second
 PROBE_TIMEOUT_SECONDS = 20.0
 LINK_CODE = "ADMIT42"
 ATTACKER_KEYS = 30
+# Brand B's client; each attack's client is FIRST_ATTACKER_ADDRESS plus the attack's number.
+VICTIM_ADDRESS = "127.0.0.2"
+FIRST_ATTACKER_ADDRESS = (127, 0, 0, 3)
+API_SERVERS = 2  # --through-nginx: gunicorn servers behind nginx, one worker each
+NGINX_REFUSAL = b"Too many requests from this address; retry after"
 # Attacks with a target directly against gunicorn; the others are reported only.
 TARGETED = (
     "slow_body_16",
@@ -72,6 +98,7 @@ ATTACKS = ("none", *TARGETED, *REPORTED)
 @dataclass(frozen=True)
 class Setup:
     base: str
+    victim_address: str
     attacker: str
     attacker_keys: list[str]
     attacker_event: str
@@ -88,6 +115,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=30.0, help="each attack's duration")
     parser.add_argument("--attacks", nargs="*", default=list(ATTACKS), choices=ATTACKS)
+    parser.add_argument(
+        "--through-nginx", action="store_true", help="start deploy/'s stack and attack its nginx"
+    )
     parser.add_argument("--base-url", default=None, help="attack this server (e.g. nginx)")
     parser.add_argument("--database-url", default=None, help="with --base-url: its database")
     parser.add_argument("--redis-url", default=None, help="with --base-url: its Redis")
@@ -95,8 +125,14 @@ def main() -> None:
     arguments = parser.parse_args()
     if arguments.base_url and not arguments.database_url:
         parser.error("--base-url needs --database-url (the brands are made there)")
+    if arguments.base_url and arguments.through_nginx:
+        parser.error("--through-nginx starts its own server: no --base-url")
     _raise_open_files_limit()
-    run_benchmark("admission-", lambda workdir, processes: measure(arguments, workdir, processes))
+    run_benchmark(
+        "admission-",
+        lambda workdir, processes: measure(arguments, workdir, processes),
+        arguments.logs,
+    )
 
 
 def _raise_open_files_limit() -> None:
@@ -115,32 +151,56 @@ def measure(arguments, workdir: Path, processes: Processes) -> dict:
     else:
         backends = open_backends()
         database_url, redis_url = backends.database_url, backends.redis_url
-    try:
-        if not arguments.base_url:
-            base = _start_make_run(workdir, processes, database_url, redis_url)
-        setup = _setup(base, database_url, redis_url)
-        log(f"attacking {base}: attacker {setup.attacker}, victim {setup.victim}")
-        results = {}
-        spawn = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(1, mp_context=spawn) as prober:
-            prober.submit(int).result()  # started now, not inside a measurement
-            for attack in arguments.attacks:
-                results[attack] = asyncio.run(_run_attack(attack, arguments.seconds, setup, prober))
-                log(f"{attack}: {results[attack]}")
-                time.sleep(3)  # let the server close what the attack left
-    finally:
-        processes.stop_all()
-        if backends is not None:
-            backends.close()
+    started = {
+        "at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "load": os.getloadavg(),
+        "commit": _commit(),  # at the start: what ran, whatever is committed meanwhile
+    }
+    # Entered before the try: its servers (PgBouncer, nginx) stop after the processes in front
+    # of or behind them (gunicorn), which the finally stops.
+    with contextlib.ExitStack() as stack:
+        try:
+            if arguments.through_nginx:
+                base = _start_deploy_stack(workdir, processes, stack, database_url, redis_url)
+            elif not arguments.base_url:
+                base = _start_make_run(workdir, processes, database_url, redis_url)
+            setup = _setup(base, database_url, redis_url)
+            log(f"attacking {base}: attacker {setup.attacker}, victim {setup.victim}")
+            results = {}
+            spawn = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(1, mp_context=spawn) as prober:
+                prober.submit(int).result()  # started now, not inside a measurement
+                for attack in arguments.attacks:
+                    results[attack] = asyncio.run(
+                        _run_attack(attack, arguments.seconds, setup, prober)
+                    )
+                    log(f"{attack}: {results[attack]}")
+                    time.sleep(3)  # let the server close what the attack left
+        finally:
+            processes.stop_all()
+    if backends is not None:
+        backends.close()
+    # Through nginx every attack has the target; directly, slow headers and idle connections
+    # are a proxy's job.
+    targeted = ATTACKS[1:] if arguments.through_nginx else TARGETED
     met = {
         attack: results[attack]["victim_p99_ms"] < TARGET_P99_MS
         and results[attack].get("victim_long_poll", {}).get("refused", 0) == 0
-        for attack in TARGETED
+        for attack in targeted
         if attack in results
     }
+    if arguments.through_nginx:
+        mode = f"deploy/ stack: nginx, {API_SERVERS} gunicorn servers of 1 worker, PgBouncer"
+    else:
+        mode = "given URL" if arguments.base_url else "make run (gunicorn directly)"
     return {
         "base_url": base,
-        "mode": "given URL" if arguments.base_url else "make run (gunicorn directly)",
+        "mode": mode,
+        "started": started,
+        "finished": {
+            "at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "load": os.getloadavg(),
+        },
         "seconds": arguments.seconds,
         "probe_rate_per_s": PROBE_RATE,
         "target_p99_ms": TARGET_P99_MS,
@@ -165,6 +225,64 @@ def _start_make_run(workdir: Path, processes: Processes, database_url, redis_url
     base = f"http://127.0.0.1:{port}"
     _wait_until_serving(base, supervisor, processes)
     return base
+
+
+def _start_deploy_stack(
+    workdir: Path, processes: Processes, stack: contextlib.ExitStack, database_url, redis_url
+) -> str:
+    """deploy/'s stack on this machine (docs/deployment.md), as tests/test_deploy_stack.py
+    starts it: PgBouncer in front of the database, gunicorn servers behind nginx. Returns
+    nginx's URL."""
+    from flask_migrate import upgrade
+
+    from app import create_app
+    from scripts.run import gunicorn_control_socket_args
+    from tests.deploy_stack import binary, nginx_in_front_of, pgbouncer_in_front_of
+
+    nginx, pgbouncer = binary("nginx"), binary("pgbouncer")
+    if not nginx or not pgbouncer:
+        raise SystemExit("--through-nginx needs Debian's nginx and pgbouncer (apt-get install)")
+    direct = app_settings(database_url, redis_url, "development")
+    migrating = create_app(direct)  # as `make run` does first (`flask db upgrade`)
+    with migrating.app_context():
+        upgrade()
+        from extensions import db
+
+        db.engine.dispose()
+    pooled = stack.enter_context(pgbouncer_in_front_of(database_url, pgbouncer, workdir / "pgb"))
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": os.environ.get("HOME", str(workdir)),
+        **app_settings(pooled, redis_url, "development"),
+        "DATABASE_POOLER": "pgbouncer",
+        "DATABASE_DIRECT_URL": database_url,
+        "PROXY_HOPS": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    options = [
+        *("--workers", "1", "--graceful-timeout", "5"),
+        *("--config", str(ROOT / "gunicorn.conf.py"), *gunicorn_control_socket_args()),
+    ]
+    servers = [
+        start_gunicorn(processes, f"gunicorn-{n}", "app:create_app()", env, options)[0]
+        for n in range(API_SERVERS)
+    ]
+    return stack.enter_context(nginx_in_front_of(servers, nginx, workdir / "nginx"))
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+    except OSError:
+        return "unknown"
+
+
+def _attacker_address(attack: str) -> str:
+    """The attack's own client address: no two attacks share a count or a limit."""
+    *network, last = FIRST_ATTACKER_ADDRESS
+    return ".".join(map(str, (*network, last + ATTACKS.index(attack))))
 
 
 def _setup(base: str, database_url: str, redis_url: str) -> Setup:
@@ -201,6 +319,7 @@ def _setup(base: str, database_url: str, redis_url: str) -> Setup:
         db.engine.dispose()
     return Setup(
         base,
+        VICTIM_ADDRESS,
         attacker,
         attacker_keys,
         attacker_event,
@@ -232,7 +351,8 @@ async def _probe(seconds: float, setup: Setup, long_poll: bool) -> dict:
     timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_SECONDS)
     polls = Counter[str]()
 
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+    connector = aiohttp.TCPConnector(limit=0, local_addr=(setup.victim_address, 0))
+    async with aiohttp.ClientSession(connector=connector) as session:
 
         async def call(kind: str) -> None:
             started = time.monotonic()
@@ -345,6 +465,7 @@ def _submit_probe(prober, seconds, setup, long_poll) -> dict:
 def _attackers(attack: str, setup: Setup, stop: asyncio.Event, stats: Counter) -> list:
     address = urlsplit(setup.base)
     host, port = address.hostname or "127.0.0.1", address.port or 80
+    source = _attacker_address(attack)
     attacker_path = f"/api/v1/brand/{setup.attacker}/conversion/record-postback"
     if attack == "none":
         return []
@@ -358,27 +479,27 @@ def _attackers(attack: str, setup: Setup, stop: asyncio.Event, stats: Counter) -
             f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
             f"{extra}Content-Length: 1000\r\n\r\n"
         ).encode()
-        return [_slow_sender(host, port, head, b"x", stop, stats) for _ in range(count)]
+        return [_slow_sender(host, port, source, head, b"x", stop, stats) for _ in range(count)]
     if attack == "slow_headers_256":
         head = f"GET /healthz HTTP/1.1\r\nHost: {host}\r\n".encode()
-        return [_slow_sender(host, port, head, b"X", stop, stats) for _ in range(256)]
+        return [_slow_sender(host, port, source, head, b"X", stop, stats) for _ in range(256)]
     if attack == "idle_10000":
-        return [_idle(host, port, stop, stats, n) for n in range(10_000)]
+        return [_idle(host, port, source, stop, stats, n) for n in range(10_000)]
     if attack.startswith("bad_keys"):
         rate = int(attack.rsplit("_", 1)[1])
-        return [_bad_keys(setup, rate, "random" in attack, stop, stats)]
+        return [_bad_keys(setup, source, rate, "random" in attack, stop, stats)]
     if attack == "long_polls_5000":
-        return [_long_polls(setup, 5000, 1, stop, stats)]
+        return [_long_polls(setup, source, 5000, 1, stop, stats)]
     if attack == "one_brand_30_keys":
-        return [_long_polls(setup, ATTACKER_KEYS * 10, 10, stop, stats)]
+        return [_long_polls(setup, source, ATTACKER_KEYS * 10, 10, stop, stats)]
     raise ValueError(attack)
 
 
-async def _slow_sender(host, port, head: bytes, byte: bytes, stop, stats) -> None:
+async def _slow_sender(host, port, source, head: bytes, byte: bytes, stop, stats) -> None:
     """Send `head`, then a byte a second, for ever; open a new connection when one is closed."""
     while not stop.is_set():
         try:
-            reader, writer = await asyncio.open_connection(host, port)
+            reader, writer = await asyncio.open_connection(host, port, local_addr=(source, 0))
         except OSError:
             stats["connect failed"] += 1
             await asyncio.sleep(1)
@@ -402,13 +523,13 @@ async def _slow_sender(host, port, head: bytes, byte: bytes, stop, stats) -> Non
             writer.close()
 
 
-async def _idle(host, port, stop, stats, number: int) -> None:
+async def _idle(host, port, source, stop, stats, number: int) -> None:
     """One kept-alive connection: a request, then silence; reconnect when the server closes."""
     await asyncio.sleep(number / 2000)  # 10,000 connections over 5 s
     request = f"GET /healthz HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
     while not stop.is_set():
         try:
-            reader, writer = await asyncio.open_connection(host, port)
+            reader, writer = await asyncio.open_connection(host, port, local_addr=(source, 0))
             writer.write(request)
             await reader.read(1024)
             stats["idle connections"] += 1
@@ -419,11 +540,11 @@ async def _idle(host, port, stop, stats, number: int) -> None:
             await asyncio.sleep(1)
 
 
-async def _bad_keys(setup: Setup, rate: int, random_ids: bool, stop, stats) -> None:
+async def _bad_keys(setup: Setup, source: str, rate: int, random_ids: bool, stop, stats) -> None:
     """Well-formed unknown keys at `rate` a second, naming brand B or a random brand id."""
     from models import credentials
 
-    connector = aiohttp.TCPConnector(limit=64)
+    connector = aiohttp.TCPConnector(limit=64, local_addr=(source, 0))
     timeout = aiohttp.ClientTimeout(total=30)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
 
@@ -435,8 +556,7 @@ async def _bad_keys(setup: Setup, rate: int, random_ids: bool, stop, stats) -> N
                     f"{setup.base}/api/v1/brand/{brand}/api-key/fetch-keys",
                     headers={"X-Api-Key": key},
                 ) as reply:
-                    await reply.read()
-                    stats[str(reply.status)] += 1
+                    stats[_answered_by(reply.status, await reply.read())] += 1
             except (aiohttp.ClientError, TimeoutError) as error:
                 stats[type(error).__name__] += 1
 
@@ -452,11 +572,17 @@ async def _bad_keys(setup: Setup, rate: int, random_ids: bool, stop, stats) -> N
             task.cancel()
 
 
-async def _long_polls(setup: Setup, count: int, per_key: int, stop, stats) -> None:
+def _answered_by(status: int, body: bytes) -> str:
+    """The status, and "nginx" when nginx's own limits refused it (deploy/nginx.conf's message)
+    rather than the app."""
+    return f"{status} nginx" if status == 429 and NGINX_REFUSAL in body else str(status)
+
+
+async def _long_polls(setup: Setup, source: str, count: int, per_key: int, stop, stats) -> None:
     """`count` long-polls of brand A (wait=30), `per_key` on each key, each sent again as soon
     as it is answered; a refused one after its Retry-After, as the issue's clients did (a
     client that ignores it is a flood of calls, the bad-key attacks' kind)."""
-    connector = aiohttp.TCPConnector(limit=0)
+    connector = aiohttp.TCPConnector(limit=0, local_addr=(source, 0))
     timeout = aiohttp.ClientTimeout(total=60)
     url = f"{setup.base}/api/v1/brand/{setup.attacker}/event/fetch-events"
     keys = setup.attacker_keys
@@ -473,8 +599,7 @@ async def _long_polls(setup: Setup, count: int, per_key: int, stop, stats) -> No
                         params={"after": setup.attacker_event, "wait": "30"},
                         headers={"X-Api-Key": key},
                     ) as reply:
-                        await reply.read()
-                        stats[str(reply.status)] += 1
+                        stats[_answered_by(reply.status, await reply.read())] += 1
                         if reply.status != 200:
                             retry_after = float(reply.headers.get("Retry-After", "1"))
                             await asyncio.sleep(retry_after + secrets.randbelow(1000) / 1000)

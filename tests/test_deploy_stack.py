@@ -5,57 +5,39 @@ workers (`flask worker`) through the same pool. Through nginx: postbacks, their 
 real receiver while a worker is killed (SIGKILL) midway, a long-poll woken by a postback, and
 the dashboard sign-in, whose throttle counts the client's own address.
 
-Everything runs on free ports on 127.0.0.1 as the current user (nginx with `-p`, PgBouncer as
-PostgreSQL's account when we are root, since it refuses to run as root). Without the two
-binaries the test skips on a laptop and fails under BRAND_STACK_TESTS=required (CI: .ci/run
-installs Debian's `nginx` and `pgbouncer` first).
+Everything runs on free ports on 127.0.0.1 as the current user (tests/deploy_stack.py starts
+nginx and PgBouncer, as bench/admission.py --through-nginx does). Without the two binaries the
+test skips on a laptop and fails under BRAND_STACK_TESTS=required (CI: .ci/run installs Debian's
+`nginx` and `pgbouncer` first).
 """
 
 from __future__ import annotations
 
-import contextlib
-import getpass
 import os
-import pwd
 import re
-import shutil
-import socket
-import subprocess
 import threading
-import time
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
-from urllib.parse import urlsplit
 
 import psycopg
 import pytest
 import requests
-from requests.adapters import HTTPAdapter
 from sqlalchemy import func, select
 
 from config import DEFAULT_ENDPOINT_CONCURRENCY
 from extensions import db
 from models import Conversion, WebhookDelivery
+from tests.deploy_stack import binary, client_from, nginx_in_front_of, pgbouncer_in_front_of
 from tests.receiver import Receiver, Reply
 from tests.server_process import ServerProcess
 from tests.test_webhook_delivery import poll
 from tests.worker_process import WorkerProcess
 
-ROOT = Path(__file__).resolve().parent.parent
-DEPLOY = ROOT / "deploy"
 POSTBACKS = 40
 # One client address for the throttle test, another that must not share its count: both are
 # on the loopback network (127.0.0.0/8), which nginx sees as the peer and gunicorn does not.
 THROTTLED_CLIENT = "127.0.0.2"
 OTHER_CLIENT = "127.0.0.3"
 FAILED_SIGN_INS_ALLOWED = 3
-
-
-def binary(name: str) -> str | None:
-    return shutil.which(name) or next(
-        (str(path) for path in (Path("/usr/sbin") / name,) if path.exists()), None
-    )
 
 
 def require_stack() -> tuple[str, str]:
@@ -71,145 +53,6 @@ def require_stack() -> tuple[str, str]:
         )
     assert nginx and pgbouncer
     return nginx, pgbouncer
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def render(template: Path, **values: str) -> str:
-    """The template with each `${NAME}` filled in; a name left over is a mistake here."""
-    text = template.read_text()
-    for name, value in values.items():
-        text = text.replace("${" + name + "}", value)
-    left = re.findall(r"\$\{[A-Z_]+\}", text)
-    assert not left, f"{template.name}: no value for {left}"
-    return text
-
-
-def wait_for_port(port: int, process: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"exited {process.returncode}:\n{log.read_text(errors='replace')}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
-            return
-        time.sleep(0.1)
-    pytest.fail(f"nothing listening on {port}:\n{log.read_text(errors='replace')}")
-
-
-@contextlib.contextmanager
-def running(argv: list[str], log: Path, port: int, **options) -> Iterator[subprocess.Popen]:
-    with log.open("ab") as output:
-        process = subprocess.Popen(
-            argv, stdout=output, stderr=subprocess.STDOUT, start_new_session=True, **options
-        )
-    try:
-        wait_for_port(port, process, log)
-        yield process
-    finally:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10)
-
-
-@contextlib.contextmanager
-def pgbouncer_in_front_of(database_url: str, pgbouncer: str, run_dir: Path) -> Iterator[str]:
-    """PgBouncer from deploy/pgbouncer.ini before the database at `database_url`: the URL of
-    the same database through it."""
-    database = urlsplit(database_url)
-    user = database.username or getpass.getuser()
-    port = free_port()
-    run_dir.mkdir()
-    (run_dir / "userlist.txt").write_text(f'"{user}" ""\n')
-    config = run_dir / "pgbouncer.ini"
-    config.write_text(
-        render(
-            DEPLOY / "pgbouncer.ini",
-            PG_HOST=database.hostname or "127.0.0.1",
-            PG_PORT=str(database.port or 5432),
-            PG_DATABASE=database.path.lstrip("/"),
-            LISTEN_ADDR="127.0.0.1",
-            LISTEN_PORT=str(port),
-            RUN_DIR=str(run_dir),
-            # The test database trusts 127.0.0.1, as CI's PostgreSQL does.
-            AUTH_TYPE="trust",
-            ADMIN_USER=user,
-        )
-    )
-    argv = [pgbouncer, str(config)]
-    if os.geteuid() == 0:
-        # PgBouncer refuses to run as root: it switches to another account (PostgreSQL's, or
-        # nobody), which must own what it writes.
-        account = next(
-            (entry for entry in pwd.getpwall() if entry.pw_name == "postgres"),
-            pwd.getpwnam("nobody"),
-        )
-        for path in (run_dir, *run_dir.iterdir()):
-            os.chown(path, account.pw_uid, account.pw_gid)
-        _let_through(run_dir)
-        argv = [pgbouncer, "-u", account.pw_name, str(config)]
-    with running(argv, run_dir / "pgbouncer.out", port):
-        yield f"postgresql://{user}@127.0.0.1:{port}/brand"
-
-
-def _let_through(path: Path) -> None:
-    """Every directory above `path` searchable by another account (pytest's are 0700)."""
-    for parent in path.parents:
-        if parent == Path("/"):
-            break
-        mode = parent.stat().st_mode
-        if not mode & 0o001:
-            os.chmod(parent, mode | 0o001)
-
-
-@contextlib.contextmanager
-def nginx_in_front_of(upstreams: list[str], nginx: str, run_dir: Path) -> Iterator[str]:
-    """nginx from deploy/nginx.conf before the gunicorn servers at `upstreams`: its URL."""
-    port = free_port()
-    run_dir.mkdir()
-    config = run_dir / "nginx.conf"
-    config.write_text(
-        render(
-            DEPLOY / "nginx.conf",
-            NGINX_USER=getpass.getuser(),
-            RUN_DIR=str(run_dir),
-            LISTEN=f"127.0.0.1:{port}",
-            UPSTREAM_SERVERS="\n        ".join(
-                f"server {urlsplit(url).netloc};" for url in upstreams
-            ),
-        )
-    )
-    argv = [
-        *(nginx, "-p", str(run_dir), "-c", str(config), "-e", str(run_dir / "error.log")),
-        *("-g", "daemon off;"),
-    ]
-    with running(argv, run_dir / "nginx.out", port):
-        yield f"http://127.0.0.1:{port}"
-
-
-class FromAddress(HTTPAdapter):
-    """Connections from `address` (on the loopback network): a client of its own to nginx."""
-
-    def __init__(self, address: str) -> None:
-        self.address = address
-        super().__init__()
-
-    def init_poolmanager(self, *args, **kwargs):
-        kwargs["source_address"] = (self.address, 0)
-        super().init_poolmanager(*args, **kwargs)
-
-
-def client_from(address: str) -> requests.Session:
-    session = requests.Session()
-    session.mount("http://", FromAddress(address))
-    return session
 
 
 def failed_sign_in(session: requests.Session, front: str, forged_for: str | None = None) -> int:
