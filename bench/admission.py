@@ -61,11 +61,11 @@ from bench.common import (
     ROOT,
     Processes,
     app_settings,
-    free_port,
     log,
     percentile,
     run_benchmark,
     start_gunicorn,
+    start_make_run,
 )
 
 TARGET_P99_MS = 100.0
@@ -163,7 +163,7 @@ def measure(arguments, workdir: Path, processes: Processes) -> dict:
             if arguments.through_nginx:
                 base = _start_deploy_stack(workdir, processes, stack, database_url, redis_url)
             elif not arguments.base_url:
-                base = _start_make_run(workdir, processes, database_url, redis_url)
+                base, _ = start_make_run(workdir, processes, database_url, redis_url)
             setup = _setup(base, database_url, redis_url)
             log(f"attacking {base}: attacker {setup.attacker}, victim {setup.victim}")
             results = {}
@@ -207,24 +207,6 @@ def measure(arguments, workdir: Path, processes: Processes) -> dict:
         "target_met": met,
         "results": results,
     }
-
-
-def _start_make_run(workdir: Path, processes: Processes, database_url, redis_url) -> str:
-    from bench.long_poll import _wait_until_serving
-
-    port = free_port()
-    env = {
-        "PATH": os.environ["PATH"],
-        "HOME": os.environ.get("HOME", str(workdir)),
-        **app_settings(database_url, redis_url, "development"),
-        "PORT": str(port),
-        "RUN_STATE_DIR": str(workdir / "run-state"),
-        "PYTHONUNBUFFERED": "1",
-    }
-    supervisor = processes.start("make-run", [sys.executable, "scripts/run.py"], env)
-    base = f"http://127.0.0.1:{port}"
-    _wait_until_serving(base, supervisor, processes)
-    return base
 
 
 def _start_deploy_stack(

@@ -201,13 +201,53 @@ def start_gunicorn(
         env,
     )
     base = f"http://127.0.0.1:{port}"
+    wait_until_serving(base, process, processes, name, ready_path=ready_path, timeout=timeout)
+    return base, process
+
+
+def start_make_run(
+    workdir: Path,
+    processes: Processes,
+    database_url: str,
+    redis_url: str,
+    extra_env: dict[str, str] | None = None,
+) -> tuple[str, subprocess.Popen]:
+    """`make run` (scripts/run.py: gunicorn, 2 workers, and a delivery worker) on these
+    databases and a free port, its state in `workdir`; returns its base URL once it serves."""
+    port = free_port()
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": os.environ.get("HOME", str(workdir)),
+        **app_settings(database_url, redis_url, "development"),
+        "PORT": str(port),
+        "RUN_STATE_DIR": str(workdir / "run-state"),
+        "PYTHONUNBUFFERED": "1",
+        **(extra_env or {}),
+    }
+    supervisor = processes.start("make-run", [sys.executable, "scripts/run.py"], env)
+    base = f"http://127.0.0.1:{port}"
+    wait_until_serving(base, supervisor, processes, "make run", timeout=120)
+    return base, supervisor
+
+
+def wait_until_serving(
+    base: str,
+    process: subprocess.Popen,
+    processes: Processes,
+    name: str,
+    *,
+    ready_path: str = "/healthz",
+    timeout: float = 30,
+) -> None:
+    """Until GET `ready_path` answers 200 (never through a proxy of the environment's);
+    RuntimeError with the process's log when it exits or `timeout` passes first."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     deadline = time.monotonic() + timeout
     while True:
         try:
             with opener.open(f"{base}{ready_path}", timeout=2) as response:
                 if response.status == 200:
-                    return base, process
+                    return
         except OSError:
             pass
         if process.poll() is not None or time.monotonic() > deadline:

@@ -64,6 +64,7 @@ from bench.common import (
     log,
     percentile,
     run_benchmark,
+    start_make_run,
 )
 
 WAIT_SECONDS = 30
@@ -110,20 +111,13 @@ def measure(arguments, workdir: Path, processes: Processes) -> dict:
 
 
 def _measure(arguments, workdir, processes, backends) -> dict:
-    port = free_port()
-    env = {
-        "PATH": os.environ["PATH"],
-        "HOME": os.environ.get("HOME", str(workdir)),
-        **app_settings(backends.database_url, backends.redis_url, "development"),
-        "PORT": str(port),
-        "RUN_STATE_DIR": str(workdir / "run-state"),
-        "PYTHONUNBUFFERED": "1",
-    }
-    if arguments.gunicorn:
-        env["GUNICORN_CMD_ARGS"] = arguments.gunicorn
-    supervisor = processes.start("make-run", [sys.executable, "scripts/run.py"], env)
-    base = f"http://127.0.0.1:{port}"
-    _wait_until_serving(base, supervisor, processes)
+    base, supervisor = start_make_run(
+        workdir,
+        processes,
+        backends.database_url,
+        backends.redis_url,
+        {"GUNICORN_CMD_ARGS": arguments.gunicorn} if arguments.gunicorn else None,
+    )
     workers = _gunicorn_workers(supervisor.pid)
     log(f"make run serving on {base}; gunicorn workers {workers}")
 
@@ -565,23 +559,6 @@ def _gunicorn_workers(supervisor_pid: int) -> list[int]:
                     return sorted(workers)
                 time.sleep(0.2)
     raise RuntimeError("no gunicorn workers found under make run")
-
-
-def _wait_until_serving(base: str, supervisor, processes: Processes) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if supervisor.poll() is not None:
-            raise RuntimeError("make run exited:\n" + processes.log_of(supervisor))
-        try:
-            with urllib.request.urlopen(f"{base}/healthz", timeout=2) as response:  # noqa: S310
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.25)
-    raise RuntimeError("make run did not serve:\n" + processes.log_of(supervisor))
 
 
 def _app(backends):
