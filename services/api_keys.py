@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
-from sqlalchemy import bindparam, or_, select, update
+from sqlalchemy import Connection, bindparam, or_, select, update
 
 from extensions import db
 from models import ApiKey, credentials
@@ -119,13 +120,23 @@ _KEY_BY_SECRET_HASH_ON_PSYCOPG = psycopg_sql(_KEY_BY_SECRET_HASH)
 
 def find_key_by_secret(secret: str) -> tuple[ActiveKey | None, bool]:
     """Look a presented secret up: `(key, revoked)`; `(None, False)` when it is unknown."""
-    connection = db.session.connection()
     params = {"secret_hash": credentials.hash_secret(secret)}
-    found = fetch_first_on_psycopg(connection, _KEY_BY_SECRET_HASH_ON_PSYCOPG, params)
+    with _statement_of_its_own() as connection:
+        found = fetch_first_on_psycopg(connection, _KEY_BY_SECRET_HASH_ON_PSYCOPG, params)
     row = _KeyRow(*found) if found is not None else None
     if row is None or not credentials.hash_matches(row.secret_hash, secret):
         return None, False
     return _active_key_and_revoked(row)
+
+
+@contextmanager
+def _statement_of_its_own() -> Iterator[Connection]:
+    """A pooled connection in autocommit, given back at once: the lookup and the stamp are one
+    statement each, so no BEGIN and ROLLBACK or COMMIT go around them. A refused key then costs
+    two round trips (the pool's ping and the lookup) instead of four, and every request two fewer
+    before it takes a work slot, holding no connection (blueprints/admission.py)."""
+    with db.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+        yield connection
 
 
 def find_key_by_id(key_id: str) -> tuple[ActiveKey | None, bool]:
@@ -153,22 +164,21 @@ def _active_key_and_revoked(row) -> tuple[ActiveKey, bool]:
 def record_key_use(key: ActiveKey, now: datetime) -> None:
     """Move lastUsedAt forward when it is older than the resolution.
 
-    In the request's own transaction, on its one pooled connection: the API commits it as soon
-    as the caller is known, before the request waits for a work slot (blueprints/admission.py),
-    so the stamp survives a request that later fails. The WHERE clause keeps concurrent requests
-    of one key from all writing it.
+    A statement of its own, committed at once, so the stamp survives a request that later fails
+    and holds no connection while the request waits for a work slot. The WHERE clause keeps
+    concurrent requests of one key from all writing it.
     """
     if key.last_used_at is not None and now - key.last_used_at < LAST_USED_RESOLUTION:
         return
-    db.session.execute(
-        update(ApiKey)
-        .where(
-            ApiKey.id == key.id,
-            or_(
-                ApiKey.last_used_at.is_(None),
-                ApiKey.last_used_at < now - LAST_USED_RESOLUTION,
-            ),
+    with _statement_of_its_own() as connection:
+        connection.execute(
+            update(ApiKey)
+            .where(
+                ApiKey.id == key.id,
+                or_(
+                    ApiKey.last_used_at.is_(None),
+                    ApiKey.last_used_at < now - LAST_USED_RESOLUTION,
+                ),
+            )
+            .values(last_used_at=now)
         )
-        .values(last_used_at=now),
-        execution_options={"synchronize_session": False},
-    )

@@ -74,7 +74,7 @@ def signed_in(*, write: bool = False):
                 end_session()
                 raise SignedOut(error.message if token else None) from None
             authorize(caller, caller.brand_id, WRITE if write else None)
-            db.session.commit()  # the key's lastUsedAt stamp, whatever the view does next
+            db.session.commit()  # what opening the session read ends here, whatever the view does
             g.caller = caller
             g.dashboard_session = opened
             return view(*args, **kwargs)
