@@ -39,6 +39,9 @@ KEY_PREFIX = "brand-api:rate"
 # After Redis fails, requests go unchecked this long before it is asked again, so that a hung
 # Redis costs one short timeout per process and interval, not one per request.
 UNAVAILABLE_BACKOFF_SECONDS = 5.0
+# Refusals remembered per process (below); past this many, the expired ones are dropped, and all
+# of them if none had expired: a forgotten refusal costs one more round trip to Redis, no more.
+REMEMBERED_REFUSALS = 10_000
 REDIS_TIMEOUT_SECONDS = 0.25
 
 
@@ -137,6 +140,11 @@ class RateLimiter:
         )
         self._strategy = SlidingWindowCounterRateLimiter(storage)
         self._unavailable_until = 0.0
+        # A refusal stands in this process until its Retry-After without asking Redis again:
+        # a client that keeps knocking past its limit (a flood of forged keys from one address)
+        # costs no round trip per request. Redis counts nothing past a limit, so the counts
+        # are the same; (limit name, identifier) -> (monotonic end, the limit's amount).
+        self._refused: dict[tuple[str, str], tuple[float, int]] = {}
 
     def limit_of(self, name: str) -> int:
         return self._items[name].amount
@@ -147,7 +155,13 @@ class RateLimiter:
         :return: the state for the headers, or None when Redis could not be asked (allowed).
         :raise RateLimited: over the limit; nothing else of the request may run.
         """
-        if time.monotonic() < self._unavailable_until:
+        now = time.monotonic()
+        refused = self._refused.get((name, credential_id))
+        if refused is not None and refused[0] > now:
+            wait = max(1, math.ceil(refused[0] - now))
+            RATE_LIMITED.labels(limit=name).inc()
+            raise RateLimited(retry_after=wait, state=RateLimitState(refused[1], 0, wait))
+        if now < self._unavailable_until:
             RATE_LIMITS_UNCHECKED.inc()
             return None
         item = self._items[name]
@@ -161,8 +175,19 @@ class RateLimiter:
         state = RateLimitState(limit=item.amount, remaining=remaining, reset_after=reset_after)
         if not allowed:
             RATE_LIMITED.labels(limit=name).inc()
+            self._remember_refusal((name, credential_id), now + reset_after, item.amount)
             raise RateLimited(retry_after=reset_after, state=state)
         return state
+
+    def _remember_refusal(self, key: tuple[str, str], until: float, amount: int) -> None:
+        if len(self._refused) >= REMEMBERED_REFUSALS:
+            now = time.monotonic()
+            expired = [k for k, (end, _) in list(self._refused.items()) if end <= now]
+            for k in expired:
+                self._refused.pop(k, None)
+            if len(self._refused) >= REMEMBERED_REFUSALS:
+                self._refused.clear()
+        self._refused[key] = (until, amount)
 
     def seconds_until_allowed(self, name: str, identifier: str) -> int | None:
         """Without counting anything: how long until `identifier` may go on, when limit `name`

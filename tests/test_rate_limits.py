@@ -5,6 +5,8 @@ and requests allowed (counted, logged) when Redis cannot be asked."""
 from __future__ import annotations
 
 import logging
+import secrets
+import time
 
 import pytest
 import requests
@@ -140,3 +142,33 @@ def test_requests_are_allowed_counted_and_logged_when_redis_is_down(
     warnings = [r for r in caplog.records if r.name == "brand_api.rate_limits"]
     assert len(warnings) == 1
     assert "Redis unreachable" in warnings[0].getMessage()
+
+
+def test_a_refusal_stands_until_its_retry_after_without_asking_redis_again(app_environ):
+    """A client past its limit is refused from the process's memory until the Retry-After it was
+    given: a flood of forged keys then costs no Redis round trip per request. Redis's own count
+    is emptied under it here, and the refusal still stands; after the Retry-After, Redis is
+    asked again."""
+    import redis
+
+    from services.errors import RateLimited
+    from services.rate_limits import AUTH_FAILURES, KEY_PREFIX, RateLimiter
+
+    limiter = RateLimiter(app_environ["REDIS_URL"], {AUTH_FAILURES: "2/second"})
+    client = f"198.51.100.{secrets.randbelow(250)}-{secrets.token_hex(4)}"
+    limiter.count_request(AUTH_FAILURES, client)
+    limiter.count_request(AUTH_FAILURES, client)
+    with pytest.raises(RateLimited) as first:
+        limiter.count_request(AUTH_FAILURES, client)
+    wait = first.value.retry_after
+    assert wait is not None and 1 <= wait <= 2
+
+    store = redis.Redis.from_url(app_environ["REDIS_URL"])
+    counters = [key for key in store.scan_iter(f"{KEY_PREFIX}*") if client.encode() in key]
+    assert counters and store.delete(*counters) == len(counters)
+    with pytest.raises(RateLimited) as again:
+        limiter.count_request(AUTH_FAILURES, client)
+    assert again.value.retry_after is not None and again.value.retry_after <= wait
+
+    time.sleep(wait + 0.1)
+    assert limiter.count_request(AUTH_FAILURES, client) is not None  # Redis's (empty) count
