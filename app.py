@@ -30,17 +30,20 @@ from observability.logs import configure_logging
 from observability.metrics import count_request
 from observability.tracing import start_tracing
 from services import work_slots
-from services.connections import KEEPALIVES
+from services.connections import KEEPALIVES, ping_when_idle
 from services.secret_box import SecretBox
 from services.wakeups import forget_wakeups, send_wakeups_at_commit
 
 MAX_BODY_BYTES = 64 * 1024
 # pool_timeout: a request waits at most this long for a pooled connection, then is answered 503
 # with Retry-After (blueprints/errors.py), never left waiting for as long as others hold them.
+# A fixed pool: overflow connections were opened and closed again under a flood of requests (a
+# PostgreSQL backend forked for each), and a connection goes back in LIFO order, so that the few
+# a process needs stay warm and skip the idle ping (services/connections.py, ping_when_idle).
 ENGINE_OPTIONS = {
-    "pool_pre_ping": True,
-    "pool_size": 10,
-    "max_overflow": 10,
+    "pool_size": 20,
+    "max_overflow": 0,
+    "pool_use_lifo": True,
     "pool_recycle": 1800,
     "pool_timeout": 5,
 }
@@ -87,6 +90,7 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
     db.init_app(app)
     with app.app_context():
         event.listen(db.engine, "do_connect", _name_connection)
+        ping_when_idle(db.engine)
         # A postback's wake-up goes after its commit (services/wakeups.py, wake_after_commit).
         event.listen(db.engine, "commit", send_wakeups_at_commit)
         event.listen(db.engine, "rollback", forget_wakeups)
