@@ -78,7 +78,7 @@ from schemas.event_feed import FEED_DEFAULT_LIMIT
 from services import work_slots
 from services.deliveries import count_states, state_columns
 from services.errors import NotFound, ValidationFailed
-from services.event_waits import wait_for_brand
+from services.event_waits import refuse_if_caught_up, wait_for_brand
 from services.pagination import Page, paginate
 from services.psycopg_direct import fetch_all_on_psycopg, fetch_first_on_psycopg, psycopg_sql
 from services.retention import retention_period
@@ -169,6 +169,9 @@ def fetch_events(
     names = list(types) if types else list(EVENT_NAMES)
     if sort_order == DESCENDING:
         return _read_back(brand_id, after, names, limit, subject, kept_since)
+    reading = (after, tuple(names), subject)
+    if wait > 0:
+        refuse_if_caught_up(brand_id, key_id, wait, reading)  # past a cap, nothing new: 429
     if subject is None:
         cursor = _cursor(brand_id, after, kept_since)
 
@@ -203,7 +206,7 @@ def fetch_events(
                 pause = min(pause, HELD_BACK_PAUSES[min(held_back_reads, last)])
                 held_back_reads += 1
             with work_slots.set_aside():
-                woken.wait(pause)
+                woken.wait(pause, caught_up_on=None if page.held_back else reading)
 
 
 def _cursor(brand_id: str, after: str | None, kept_since: datetime) -> _Cursor:

@@ -30,7 +30,7 @@ import math
 import os
 import secrets
 import threading
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from contextlib import contextmanager
 
 from flask import current_app
@@ -60,9 +60,17 @@ class WaitCounts:
         self._by_brand: dict[str, int] = {}
 
     def admit(
-        self, brand_id: str, key_id: str, *, per_key: int, per_process: int, retry_after: int
+        self,
+        brand_id: str,
+        key_id: str,
+        *,
+        per_key: int,
+        per_process: int,
+        retry_after: int,
+        count: bool = True,
     ) -> None:
-        """Count one more waiting request of `key_id`, a key of `brand_id`.
+        """Count one more waiting request of `key_id`, a key of `brand_id` (with `count` False,
+        only say whether it would be refused).
 
         :raise RateLimited: the key, the brand or the process already has as many as its cap.
         """
@@ -72,6 +80,8 @@ class WaitCounts:
             others = len(self._by_brand) - (1 if brand_held else 0)
             share = brand_share(per_process, others)
             if held < per_key and brand_held < share and self._total < per_process:
+                if not count:
+                    return
                 self._by_key[key_id] = held + 1
                 self._by_brand[brand_id] = brand_held + 1
                 self._total += 1
@@ -124,6 +134,8 @@ class Waiter:
         self.key_id = key_id
         self.seconds = seconds
         self.admitted = False
+        # While asleep: the read it found empty, with nothing held back (`refuse_if_caught_up`).
+        self.caught_up_on: Hashable | None = None
 
     def admit(self) -> None:
         """The request is about to sleep: count it against the caps, once (the registry lets
@@ -134,15 +146,7 @@ class Waiter:
         """
         if self.admitted:
             return
-        per_key, per_process = wait_caps()
-        wait = max(1, math.ceil(self.seconds))
-        _counts.admit(
-            self.brand_id,
-            self.key_id,
-            per_key=per_key,
-            per_process=per_process,
-            retry_after=wait + secrets.randbelow(wait + 1),
-        )
+        _admit(self.brand_id, self.key_id, self.seconds, count=True)
         self.admitted = True
 
     def set(self) -> None:
@@ -151,11 +155,19 @@ class Waiter:
     def clear(self) -> None:
         self._flag.clear()
 
-    def wait(self, timeout: float) -> bool:
-        """Until woken or `timeout` seconds; True when woken."""
+    def wait(self, timeout: float, caught_up_on: Hashable | None = None) -> bool:
+        """Until woken or `timeout` seconds; True when woken. `caught_up_on`: the read it found
+        empty, with nothing held back, for other requests to take as read meanwhile."""
         if not self._listener.wait_listening(0):
             timeout = min(timeout, UNHEARD_POLL_SECONDS)
-        return self._flag.wait(max(timeout, 0))
+        self.caught_up_on = caught_up_on
+        try:
+            return self._flag.wait(max(timeout, 0))
+        finally:
+            self.caught_up_on = None
+
+    def heard_nothing(self) -> bool:
+        return not self._flag.is_set()
 
 
 class BrandWaiters:
@@ -187,6 +199,16 @@ class BrandWaiters:
         for waiter in woken:
             waiter.stopping = True
             waiter.set()
+
+    def caught_up(self, brand_id: str, reading: Hashable) -> bool:
+        """Whether a waiter of the brand sleeps on `reading`, found empty, un-woken since."""
+        if not self.listener.wait_listening(0):  # wake-ups may be lost: nothing is known
+            return False
+        with self._lock:
+            return any(
+                waiter.caught_up_on == reading and waiter.heard_nothing()
+                for waiter in self._by_brand.get(brand_id, ())
+            )
 
     def count(self) -> int:
         with self._lock:
@@ -249,6 +271,32 @@ def wait_for_brand(brand_id: str, key_id: str, seconds: float):
     """A context in which a `Waiter` of `key_id` is woken when the brand publishes; it waits
     at most `seconds` in all, once `admit()` let it (see the module's doc)."""
     return brand_waiters().waiting(brand_id, key_id, seconds)
+
+
+def refuse_if_caught_up(brand_id: str, key_id: str, seconds: float, reading: Hashable) -> None:
+    """Before a long-poll's first read: when a waiter of the brand sleeps on the same `reading`
+    and has heard of no event since it found it empty, this read would find nothing either (as
+    far as the wake-ups tell, which every waiter trusts), so a request past a cap is refused now,
+    unread. A flood of one brand's long-polls then costs its authentication and little more: no
+    feed statement, no pooled connection.
+
+    :raise RateLimited: as `Waiter.admit`.
+    """
+    if brand_waiters().caught_up(brand_id, reading):
+        _admit(brand_id, key_id, seconds, count=False)
+
+
+def _admit(brand_id: str, key_id: str, seconds: float, *, count: bool) -> None:
+    per_key, per_process = wait_caps()
+    wait = max(1, math.ceil(seconds))
+    _counts.admit(
+        brand_id,
+        key_id,
+        per_key=per_key,
+        per_process=per_process,
+        retry_after=wait + secrets.randbelow(wait + 1),
+        count=count,
+    )
 
 
 def stop_every_wait() -> None:

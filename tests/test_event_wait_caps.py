@@ -259,3 +259,55 @@ def test_a_worker_with_few_threads_lets_waits_take_at_most_half_of_them(
             assert answer.body["data"]["events"][0]["id"] == event_id
     finally:
         server.stop()
+
+
+def test_past_a_cap_a_read_another_waiter_found_empty_is_refused_unread(
+    app_environ, brand, make_key, monkeypatch
+):
+    """5,000 long-polls of one brand (issue 42) each read the feed before they were refused:
+    now, while a waiter of the brand sleeps on the very same read, un-woken since it found it
+    empty, a request past a cap is refused before reading. One with something to list still
+    gets it, cap or not."""
+    from app import create_app
+    from services import event_feed, event_waits
+
+    app = create_app({**app_environ, "EVENT_WAITS_PER_KEY": "1"})
+    key = make_key(brand, scopes=("read",))
+    earlier, after = publish(app, brand), publish(app, brand)
+    url = f"/api/v1/brand/{brand}/event/fetch-events"
+    headers = {"X-Api-Key": key}
+
+    def long_poll(cursor: str):
+        return app.test_client().get(
+            url, query_string={"after": cursor, "wait": WAIT}, headers=headers
+        )
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        held = pool.submit(long_poll, after)
+        deadline = time.monotonic() + AT_ONCE
+        with app.app_context():
+            while event_waits.brand_waiters().count() < 1 or not any(
+                w.caught_up_on for w in event_waits.brand_waiters()._by_brand.get(brand, ())
+            ):
+                assert time.monotonic() < deadline, "the first long-poll never slept"
+                time.sleep(0.05)
+
+        def no_read(*args, **kwargs):
+            raise AssertionError("the feed was read")
+
+        with monkeypatch.context() as patched:
+            patched.setattr(event_feed, "_cursor", no_read)
+            refused = long_poll(after)
+        assert refused.status_code == 429, refused.json
+        assert "This API key already has 1 long-polls waiting" in refused.json["message"]
+        assert WAIT <= int(refused.headers["Retry-After"]) <= 2 * WAIT
+
+        # Something to list: listed, the cap notwithstanding.
+        readable = long_poll(earlier)
+        assert readable.status_code == 200
+        assert [event["id"] for event in readable.json["data"]["events"]] == [after]
+
+        event_id = publish(app, brand)
+        answer = held.result(timeout=AT_ONCE)
+        assert answer.status_code == 200
+        assert [event["id"] for event in answer.json["data"]["events"]] == [event_id]
