@@ -8,9 +8,9 @@ before_request after the request id):
 
 1. The body is read whole within `BODY_DEADLINE_SECONDS`, holding nothing but the request's
    own thread; one that does not arrive in time is answered 408 `REQUEST_TIMEOUT`.
-2. An API route's credential is checked (one indexed lookup, blueprints/api/auth.py) and the
-   transaction that looked it up (and stamped the key's `lastUsedAt`) commits, so the request
-   holds no pooled connection while it waits. A failure is answered at once (401, or 429 past
+2. An API route's credential is checked (one indexed lookup in autocommit, on a connection
+   given back at once: blueprints/api/auth.py, services/api_keys.py), so the request holds no
+   pooled connection while it waits. A failure is answered at once (401, or 429 past
    the address's failures: CONTRACT 13.7) and takes no slot at all.
 3. The request takes a work slot in its authenticated brand's lane; requests that name no brand
    (the dashboard, the docs) share one capped lane. Every wait is bounded (503, or 429 when the
@@ -54,7 +54,7 @@ def admit() -> None:
         requirement = None
     if requirement is not None:
         lane = authenticate_request(requirement, (request.view_args or {})["brand_id"]).brand_id
-        db.session.commit()  # the lookup's connection back to the pool before any wait
+        db.session.commit()  # a bootstrap token's lookup: its connection back before any wait
     work_slots.take(lane)
 
 
