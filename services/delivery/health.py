@@ -74,14 +74,13 @@ def news_of(
     success is news only for an endpoint that was failing; a worker's own fault is none."""
     news: dict[str, EndpointNews] = {}
     for (attempt, outcome), result in zip(results, recorded, strict=True):
-        state = result.endpoint
-        if not result.kept or state is None:
+        if not result.kept:
             continue
         item = news.setdefault(attempt.endpoint_id, EndpointNews(attempt.endpoint_id))
         if outcome.succeeded:
-            if state.consecutive_failures or state.probing or item.failures:
+            if result.consecutive_failures or result.probing or item.failures:
                 item.succeeded = True
-                item.was_down = item.was_down or state.probing
+                item.was_down = item.was_down or result.probing
                 item.failures = []
         elif outcome.counts_against_endpoint:
             item.failures.append((attempt, outcome))

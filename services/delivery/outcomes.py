@@ -186,25 +186,15 @@ def not_sent(why: str, requested_at: datetime) -> AttemptOutcome:
 
 
 @dataclass(frozen=True)
-class EndpointState:
-    """An endpoint as a record found it (read, not locked): what its health needs to know."""
-
-    consecutive_failures: int
-    probing: bool
-
-
-@dataclass(frozen=True)
 class Recorded:
-    """What became of an attempt's result.
-
-    `kept`: written. `carried`: not written yet (its rows were locked by someone else); the
-    loop tries again next round. Neither: its lease was no longer the delivery's (it lapsed and
-    another worker took it), or it could not be stored at all: nothing was written."""
+    """What became of an attempt's result: `kept` (written, with its endpoint's run of failures
+    as the record read it), `carried` (its rows were locked: next round), or neither (its lease
+    was another worker's by then, or it could not be stored at all)."""
 
     status: str
     retry_at: datetime | None = None
     kept: bool = True
     carried: bool = False
     reduced: bool = False
-    # The endpoint as the record found it (a kept result's).
-    endpoint: EndpointState | None = None
+    consecutive_failures: int = 0
+    probing: bool = False

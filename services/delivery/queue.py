@@ -24,7 +24,6 @@ from services.delivery.outcomes import (
     STATEMENT_TIMEOUT_SECONDS,
     Attempt,
     AttemptOutcome,
-    EndpointState,
     Recorded,
     RetryPolicy,
 )
@@ -516,8 +515,8 @@ def _recorded(results, rows: list[tuple]) -> list[Recorded]:
     for attempt, _ in results:
         _, kind, status, retry_at, failures, probing = by_id[attempt.delivery_id]
         if kind == "kept":
-            state = EndpointState(failures, probing)
-            recorded.append(Recorded(status=status, retry_at=retry_at, endpoint=state))
+            kept = Recorded(status, retry_at, consecutive_failures=failures, probing=probing)
+            recorded.append(kept)
         else:
             recorded.append(Recorded(status=PENDING, kept=False, carried=kind == "carried"))
     return recorded
