@@ -81,8 +81,6 @@ def limit_sql(alias: str) -> str:
     )
 
 
-# --- publishing -------------------------------------------------------------------------------
-
 # A publishing statement's pending deliveries and their queue rows, due now (services/events.py
 # gives the CTE `receiving`, the endpoints locked FOR KEY SHARE, and `event`). No endpoint row
 # is written: mechanism 1 of docs/delivery.md.
@@ -109,9 +107,6 @@ ENQUEUE_CTES = """
         JOIN {event_of_delivery}
     )"""
 RECEIVING_COLUMNS = "endpoint.id, endpoint.ordering"
-
-
-# --- claiming ---------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -446,9 +441,6 @@ _TAKE = RawStatement.of(
     ORDER BY t.place, t.turn
     """  # noqa: S608 - constant SQL, put together at import
 )
-
-
-# --- recording --------------------------------------------------------------------------------
 
 
 def record_attempts(
