@@ -36,8 +36,7 @@ ERASED = "erased"
 # Each batch is one transaction under these.
 STATEMENT_TIMEOUT = "5s"
 LOCK_TIMEOUT = "1s"
-# With nothing to do, a runner looks again after this long (a wake-up comes sooner, but never
-# sooner than the debounce).
+# With nothing to do, a runner looks again after this long, or at a wake-up after the debounce.
 IDLE_SECONDS = 1.0
 WAKE_DEBOUNCE_SECONDS = 0.1
 # Finished jobs are kept this long (their progress stays readable), then deleted.

@@ -31,8 +31,7 @@ ENDPOINT_DISABLED = "webhook.endpoint_disabled"
 @dataclass
 class EndpointNews:
     """What a round's attempts say of one endpoint: a success ends its run of failures (and
-    brings its retries forward if it was down); the failures after its last success extend the
-    run; a 410 closes it."""
+    brings its retries forward if it was down), the failures after it extend the run."""
 
     endpoint_id: str
     succeeded: bool = False

@@ -60,8 +60,8 @@ log = logging.getLogger("brand_api.webhooks")
 
 # A claim walks at most this many endpoints per slot it could fill (and at least 64).
 WALK_PER_SLOT = 2
-# After an attempt ends, the next round waits up to this long for the others its claim started
-# (attempts started together mostly end together; a round for each would cost a round each).
+# After an attempt ends, the next round waits this long for the rest of its claim's cohort:
+# attempts started together mostly end together, and one round records them all.
 GATHER_SECONDS = 0.002
 # How often the loop writes its heartbeat (webhook_delivery_loops).
 HEARTBEAT_SECONDS = 1.0
