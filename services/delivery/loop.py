@@ -371,6 +371,7 @@ class DeliveryLoop:
         """Give up the session and its connection (after a failed round perhaps broken: not
         reused); the next round opens another."""
         connection, self._connection = self._connection, None
+        # A broken connection may fail to roll back or close: it is being thrown away.
         with contextlib.suppress(Exception):
             if session is not None:
                 session.close()

@@ -81,9 +81,9 @@ def limit_sql(alias: str) -> str:
     )
 
 
-# A publishing statement's pending deliveries and their queue rows, due now (services/events.py
-# gives the CTE `receiving`, the endpoints locked FOR KEY SHARE, and `event`). No endpoint row
-# is written: mechanism 1 of docs/delivery.md.
+# A publishing statement's pending deliveries and their queue rows, due now: services/events.py
+# gives the CTE `receiving` (the endpoints, locked FOR KEY SHARE) and fills the placeholders,
+# `{deliveries_from}` yielding `event` once per delivery. No endpoint row is written.
 ENQUEUE_CTES = """
     deliveries AS (
         INSERT INTO webhook_deliveries (
@@ -323,8 +323,9 @@ _PICK = RawStatement.of(
 # With the endpoints locked, in a statement whose snapshot sees every claim committed before
 # the locks: each endpoint's room, its lapsed leases (first) and oldest due rows up to it, moved
 # to the leases; an ordered endpoint's rows behind a pending one of their subject are held
-# (that one locked FOR SHARE meanwhile, so it cannot end unseen). CTEs are materialised: as
-# subqueries of the statements that change rows, PostgreSQL may re-run a pick past its limit.
+# (that one locked FOR SHARE meanwhile, so it cannot end unseen; one someone else holds waits
+# for the next claim). CTEs are materialised: as subqueries of the statements that change rows,
+# PostgreSQL may re-run a pick past its limit.
 _TAKE = RawStatement.of(
     f"""
     WITH {CLOCK},
@@ -550,7 +551,8 @@ def _record_parameters(
 # The batch, in one statement: each result whose lease is still its token's (`owned`; else it
 # is discarded) and whose lease and delivery this transaction can lock now (`k`; else it is
 # carried) settles its delivery (`delivered` even if its endpoint closed meanwhile: the
-# receiver has it), goes back in the queue for a retry, and logs its attempt.
+# receiver has it), goes back in the queue for a retry, and logs its attempt. Triggers release
+# what was held behind a delivery that stops being pending, and count the attempt's hour.
 _RETRY = "(NOT r.succeeded AND d.status = 'pending' AND k.open AND r.retry_seconds IS NOT NULL)"
 _RECORD = RawStatement.of(
     f"""
