@@ -1,13 +1,9 @@
-"""A receiver's answer is untrusted input: any bytes, any encoding, compressed or not, as much or
-as slowly as the receiver likes. What an attempt keeps of it is made here, bounded and safe to
-store whatever came (issue 34): the first 2 KiB of the body as text, at most 32 headers of at
-most 256 characters each, and error texts, with NUL, other control characters (but tab and line
-breaks) and invalid sequences replaced by U+FFFD.
-
-Reading is bounded too: at most `BODY_READ_MAX_BYTES` of the raw body are read, a compressed
-body is inflated only as far as what is kept (a gzip bomb inflates 2 KiB, not 256 MiB), and the
-body gets `BODY_SECONDS` after the headers: the status is the answer (200 with any body, or a
-body that drips, is a success), the body only what the log shows of it.
+"""A receiver's answer is untrusted input: any bytes, encoding or compression, as much or as slowly
+as it likes. What an attempt keeps of it is made here, bounded and safe to store: the first 2 KiB
+of the body as text, at most 32 headers of 256 characters, error texts; control characters and
+invalid sequences become U+FFFD. A compressed body is inflated only as far as what is kept (a
+gzip bomb inflates 2 KiB), and the body gets `BODY_SECONDS` after the headers: the status is the
+answer, the body only what the log shows of it.
 """
 
 from __future__ import annotations
@@ -72,8 +68,8 @@ def kept_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
 
 
 class _Inflater:
-    """A body's `Content-Encoding` undone as far as what is kept; None for an encoding this does
-    not undo (the body is then shown as it came)."""
+    """A body's gzip or deflate `Content-Encoding` undone as far as what is kept (another
+    encoding is shown as it came)."""
 
     def __init__(self, encoding: str) -> None:
         encoding = encoding.strip().lower()
@@ -107,10 +103,8 @@ class _Inflater:
 
 
 async def read_body_start(response: aiohttp.ClientResponse) -> tuple[str, bool]:
-    """The first RESPONSE_BODY_MAX_BYTES of the body (decoded from its Content-Encoding when it is
-    gzip or deflate) as safe text, and whether the body was read to its end (else the caller
-    closes the connection: unread bytes must not meet the next request). Reads for at most
-    BODY_SECONDS and BODY_READ_MAX_BYTES raw bytes."""
+    """The body's start (inflated when gzip or deflate) as safe text, and whether the body was
+    read to its end (else unread bytes are on the connection)."""
     inflater = _Inflater(response.headers.get("Content-Encoding", ""))
     content = response.content
     if content.is_eof() and not inflater.active:

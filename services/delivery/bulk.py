@@ -1,28 +1,9 @@
-"""Bulk changes to an endpoint's deliveries, apart from the delivery round: each is a row of
-`webhook_bulk_jobs` (models/bulk_job.py) written in O(1) by whoever decided it, and carried out
-by every worker's `BulkRunner` in batches of at most `BATCH_ROWS` rows, one transaction each. A
-request that asks for one (a person disabled an endpoint, or asked to retry now) also runs its
-first batch itself, so that what a person does takes effect at once for all but the largest
-queues; the delivery round never does (a batch is tens of milliseconds it must not spend). A job
-whose worker dies mid-batch is taken up by the next runner: every batch re-reads what is left,
-so nothing is done twice and nothing is stranded.
-
-- `end_pending`: an endpoint was disabled or deleted. Its queued deliveries (those created
-  before the request, or all while it stays closed) and its lapsed leases end `failed` with
-  the job's note; attempts in flight are left to their record. Until the job is done no claim
-  takes the endpoint's work, so a re-enabled endpoint sends nothing it had before.
-- `retry_now` (CONTRACT 12.4): every delivery waiting for a retry becomes due now, a
-  receiver's Retry-After overridden (a person asked).
-- `catch_up`: a down endpoint answered again: the same, keeping a receiver's Retry-After.
-- `release_held`: ordering was turned off; every held delivery is due again in its place.
-- `erase_subject` (CONTRACT 13.3): a subject's events erased, newest first, a batch of events
-  at a time: their pending deliveries end `failed` (`erased`) and leave the queue, an attempt
-  in flight loses its lease (its record is discarded: nothing of it is kept), then the events'
-  `data` and their attempts' answers go. Newest first: the pending work is the newest.
-
-Runners take turns over the open jobs (the one whose last batch is oldest goes next), so one
-brand's 250,000 rows never hold up another brand's retry-now, and rest after each batch as long
-as it took: bulk work gets at most half of one database connection per worker.
+"""Bulk jobs: the changes to deliveries that grow with a brand's data (ending a closed endpoint's
+queue, retry-now, catch-up, releasing holds, erasing a subject). Each is a row of
+`webhook_bulk_jobs` (models/bulk_job.py), run in batches of at most `BATCH_ROWS` rows by every
+worker's `BulkRunner`, taking turns and resting as long as each batch took: mechanism 11 of
+docs/delivery.md. Every batch re-reads what is left, so a job whose runner died mid-batch is
+taken up by the next, with nothing done twice and nothing stranded.
 """
 
 from __future__ import annotations
@@ -55,8 +36,7 @@ ERASED = "erased"
 # Each batch is one transaction under these.
 STATEMENT_TIMEOUT = "5s"
 LOCK_TIMEOUT = "1s"
-# With nothing to do, a runner looks again after this long (a wake-up comes sooner, but never
-# sooner than the debounce).
+# With nothing to do, a runner looks again after this long, or at a wake-up after the debounce.
 IDLE_SECONDS = 1.0
 WAKE_DEBOUNCE_SECONDS = 0.1
 # Finished jobs are kept this long (their progress stays readable), then deleted.
@@ -74,10 +54,9 @@ def request_job(
     now: datetime | None = None,
     first_batch: bool = False,
 ) -> None:
-    """Ask for a job in the caller's transaction; one already open of that kind for the
-    endpoint is joined (it will reach what this one would). A job about a subject (erasure)
-    is a new one each time. With `first_batch`, run one batch of it now, in this transaction,
-    unless a runner holds it. Workers are woken at commit."""
+    """Ask for a job in the caller's transaction, or join the open one of its kind for the
+    endpoint; with `first_batch`, run one batch of it now unless a runner holds it (what a
+    person does takes effect at once for all but the largest queues)."""
     job_id = db.session.execute(
         _REQUEST,
         {
@@ -122,9 +101,8 @@ class BatchRun:
 
 
 def run_one_batch() -> BatchRun | None:
-    """Take the open job whose turn it is (one no other runner holds), run one batch of it,
-    and commit; None when there was none. A batch that fails puts its job at the back of the
-    line before the error goes up, so that one failing job never holds up the others."""
+    """One batch of the open job whose turn it is, committed; None when there was none. A
+    failing job goes to the back of the line first, so that it never holds up the others."""
     session = db.session
     session.execute(text(f"SET LOCAL statement_timeout = '{STATEMENT_TIMEOUT}'"))
     session.execute(text(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"))
@@ -147,8 +125,7 @@ def run_one_batch() -> BatchRun | None:
 
 
 def _run_batch(job) -> tuple[int, bool]:
-    """One batch of the job (locked by the caller), and its progress: rows changed, and
-    whether it is done."""
+    """One batch of the job (locked by the caller), its progress noted: rows changed, done."""
     changed, finished = _BATCHES[job.kind](db.session, job)
     db.session.execute(_PROGRESS, {"id": job.id, "changed": changed, "finished": finished})
     if changed and job.kind not in (END_PENDING, ERASE_SUBJECT):
@@ -245,13 +222,14 @@ _END_PENDING = text(
 )
 
 
-def _bring_forward(override: bool):
+def _batch_of(statement, **params):
+    """A batch function whose statement returns how many of at most BATCH_ROWS rows it changed."""
+
     def batch(session: Session, job) -> tuple[int, bool]:
-        brought = session.execute(
-            _BRING_FORWARD,
-            {"endpoint_id": job.endpoint_id, "override": override, "batch": BATCH_ROWS},
+        changed = session.execute(
+            statement, {"endpoint_id": job.endpoint_id, "batch": BATCH_ROWS, **params}
         ).scalar_one()
-        return brought, brought < BATCH_ROWS
+        return changed, changed < BATCH_ROWS
 
     return batch
 
@@ -286,14 +264,6 @@ _BRING_FORWARD = text(
 )
 
 
-def _release_held(session: Session, job) -> tuple[int, bool]:
-    released = session.execute(
-        _RELEASE_HELD,
-        {"endpoint_id": job.endpoint_id, "batch": BATCH_ROWS, "none": NO_ORDERING},
-    ).scalar_one()
-    return released, released < BATCH_ROWS
-
-
 # A batch of the endpoint's held deliveries, due again in their place from before they were
 # held, while its ordering stays off (turned on again, the claim holds what it must).
 _RELEASE_HELD = text(
@@ -320,9 +290,8 @@ _RELEASE_HELD = text(
 
 
 def _erase_subject(session: Session, job) -> tuple[int, bool]:
-    """A batch of the subject's events, newest first from the job's position: their pending
-    deliveries ended, their queue rows and leases gone, their data and answers erased. The
-    rows it walked (already erased ones too, which it leaves as they are)."""
+    """A batch of the subject's events, newest first from the job's position (the pending
+    work is the newest): their pending deliveries ended, their data and answers erased."""
     subject_type, subject_id = parse_subject_key(job.subject_key)
     events = session.execute(
         _ERASABLE_EVENTS,
@@ -437,9 +406,9 @@ _MOVE_POSITION = text("UPDATE webhook_bulk_jobs SET position = :position WHERE i
 
 _BATCHES = {
     END_PENDING: _end_pending,
-    RETRY_NOW: _bring_forward(override=True),
-    CATCH_UP: _bring_forward(override=False),
-    RELEASE_HELD: _release_held,
+    RETRY_NOW: _batch_of(_BRING_FORWARD, override=True),
+    CATCH_UP: _batch_of(_BRING_FORWARD, override=False),
+    RELEASE_HELD: _batch_of(_RELEASE_HELD, none=NO_ORDERING),
     ERASE_SUBJECT: _erase_subject,
 }
 

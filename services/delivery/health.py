@@ -1,15 +1,7 @@
-"""Endpoint health, in one place: counting an endpoint's failed attempts, the breaker's pause,
-disabling it (by its owner, or by the service after a long run of failures or a 410 Gone) and
-re-enabling it (CONTRACT 4, 6.2, 8.5 and 8.6).
-
-The API and the dashboard (update-endpoint) and the worker (after each round's record) all go
-through these functions, so "disabled" always means the same state: `disabled_at` and a reason
-set, and an `end_pending` job (bulk.py) that ends every pending delivery `failed` in batches,
-while no attempt starts. The two operational events of CONTRACT 8.5 are published here too, in
-the transaction of the change they announce.
-
-A round never waits for an endpoint row: it locks the rows it changes with SKIP LOCKED, and
-what it could not apply (someone is changing that endpoint) it applies next round.
+"""Endpoint health (CONTRACT 4, 6.2, 8.5, 8.6): failure counts, the breaker's pause, disabling
+(by the owner, or by the service after a long run of failures or a 410) and re-enabling. The API,
+the dashboard and the worker all go through these functions, so "disabled" always means the same
+state; the operational events are published in the transaction of the change they announce.
 """
 
 from __future__ import annotations
@@ -36,17 +28,10 @@ ENDPOINT_FAILING = "webhook.endpoint_failing"
 ENDPOINT_DISABLED = "webhook.endpoint_disabled"
 
 
-def failing_threshold(disable_failures: int) -> int:
-    """The run of failed attempts at which an endpoint is failing (CONTRACT 8.5): half the
-    disable threshold, rounded up (8 of the default 15)."""
-    return max(1, math.ceil(disable_failures / 2))
-
-
 @dataclass
 class EndpointNews:
     """What a round's attempts say of one endpoint: a success ends its run of failures (and
-    brings its retries forward if it was down); the failures after its last success extend the
-    run; a 410 closes it."""
+    brings its retries forward if it was down), the failures after it extend the run."""
 
     endpoint_id: str
     succeeded: bool = False
@@ -62,10 +47,6 @@ class EndpointNews:
             self.endpoint_id, self.succeeded, self.was_down, self.failures + later.failures
         )
 
-    @property
-    def needs_writing(self) -> bool:
-        return bool(self.failures) or self.was_down or self.succeeded
-
 
 def news_of(
     results: Sequence[tuple[Attempt, AttemptOutcome]], recorded: Sequence[Recorded]
@@ -74,18 +55,17 @@ def news_of(
     success is news only for an endpoint that was failing; a worker's own fault is none."""
     news: dict[str, EndpointNews] = {}
     for (attempt, outcome), result in zip(results, recorded, strict=True):
-        state = result.endpoint
-        if not result.kept or state is None:
+        if not result.kept:
             continue
         item = news.setdefault(attempt.endpoint_id, EndpointNews(attempt.endpoint_id))
         if outcome.succeeded:
-            if state.consecutive_failures or state.probing or item.failures:
+            if result.consecutive_failures or result.probing or item.failures:
                 item.succeeded = True
-                item.was_down = item.was_down or state.probing
+                item.was_down = item.was_down or result.probing
                 item.failures = []
         elif outcome.counts_against_endpoint:
             item.failures.append((attempt, outcome))
-    return {key: item for key, item in news.items() if item.needs_writing}
+    return {key: item for key, item in news.items() if item.failures or item.succeeded}
 
 
 @dataclass(frozen=True)
@@ -98,10 +78,9 @@ class HealthApplied:
 
 
 def apply_news(news: dict[str, EndpointNews], *, policy: RetryPolicy) -> HealthApplied:
-    """Write each endpoint's news (the caller commits): its run of failures, the breaker's pause
-    before the next probe (1, 2, 4... seconds, at most the timeout), `webhook.endpoint_failing`
-    when the run first reaches the failing threshold, a catch-up job when a down endpoint
-    answers again, and a disable on a 410 or a run both long and old enough."""
+    """Write each endpoint's news (the caller commits): its run of failures and the breaker's
+    pause, `webhook.endpoint_failing` when the run first reaches half the disable threshold, a
+    catch-up job when a down endpoint answers again, a disable on a 410 or a long old run."""
     if not news:
         return HealthApplied()
     items = list(news.values())
@@ -119,7 +98,8 @@ def apply_news(news: dict[str, EndpointNews], *, policy: RetryPolicy) -> HealthA
         },
     ).all()
     applied = {row.id: row for row in rows}
-    failing_at = failing_threshold(policy.disable_failures)
+    # Failing (CONTRACT 8.5) at half the disable threshold, rounded up: 8 of the default 15.
+    failing_at = max(1, math.ceil(policy.disable_failures / 2))
     disabled: list[tuple[str, str]] = []
     for item in items:
         row = applied.get(item.endpoint_id)
@@ -136,37 +116,35 @@ def apply_news(news: dict[str, EndpointNews], *, policy: RetryPolicy) -> HealthA
             crossing = failing_at - (0 if item.succeeded else row.before) - 1
             attempt = item.failures[min(max(crossing, 0), len(item.failures) - 1)]
             _announce(ENDPOINT_FAILING, row, attempt=attempt, now=outcome.requested_at)
-        reason = _why_disable(item, row, policy)
-        if reason is not None and disable_endpoint(
+        why = _why_disable(item, row, policy)
+        if why is not None and disable_endpoint(
             item.endpoint_id,
-            reason=reason,
+            reason=why[0],
             now=outcome.requested_at,
             by_service=True,
-            failed=_disabling_attempt(item),
+            failed=why[1],
         ):
-            disabled.append((item.endpoint_id, outcome.error_text or reason))
+            disabled.append((item.endpoint_id, outcome.error_text or why[0]))
     carried = {key: item for key, item in news.items() if key not in applied}
     return HealthApplied(disabled=disabled, carried=carried)
 
 
-def _disabling_attempt(item: EndpointNews) -> tuple[Attempt, AttemptOutcome]:
-    """The failure a disable is for: the 410 Gone, else the last of the run."""
+def _why_disable(
+    item: EndpointNews, row, policy: RetryPolicy
+) -> tuple[str, tuple[Attempt, AttemptOutcome]] | None:
+    """Why the endpoint closes, and the failure that decided it: a 410 Gone at once, else a run
+    both long and old enough (CONTRACT 6.2: 15 failures in a minute's outage do not)."""
     gone = [failure for failure in item.failures if failure[1].gone]
-    return gone[0] if gone else item.failures[-1]
-
-
-def _why_disable(item: EndpointNews, row, policy: RetryPolicy) -> str | None:
-    """A 410 Gone closes the endpoint at once; otherwise a run of failures both long and old
-    enough does (CONTRACT 6.2: 15 failures in a minute's outage do not, three days do)."""
-    if any(outcome.gone for _, outcome in item.failures):
-        return GONE_REASON
-    now = item.failures[-1][1].requested_at
+    if gone:
+        return GONE_REASON, gone[0]
+    last = item.failures[-1]
     if row.consecutive_failures >= policy.disable_failures and row.failing_since <= (
-        now - policy.disable_window
+        last[1].requested_at - policy.disable_window
     ):
         return (
             f"{row.consecutive_failures} consecutive failed attempts since "
-            f"{row.failing_since:%Y-%m-%d %H:%M} UTC"
+            f"{row.failing_since:%Y-%m-%d %H:%M} UTC",
+            last,
         )
     return None
 
@@ -216,13 +194,10 @@ def disable_endpoint(
     failed: tuple[Attempt, AttemptOutcome] | None = None,
     first_batch: bool = False,
 ) -> bool:
-    """Disable an open endpoint: no attempt starts from now on, and an `end_pending` job ends
-    its pending deliveries `failed` in batches (an attempt in flight is recorded as it ends: a
-    success is `delivered`); a person's request runs the first batch itself (`first_batch`),
-    the delivery round never does. False when it was already disabled or deleted. When the
-    service does it (`by_service`), `webhook.endpoint_disabled` says so, with the `failed`
-    attempt that decided it (the last of a long run of failures, or a 410; none when the
-    service's operators did it by hand)."""
+    """Disable an open endpoint (False when it was not): no attempt starts from now on, and a
+    job ends its pending deliveries (`first_batch`: a person's request runs the first batch).
+    When the service does it, `webhook.endpoint_disabled` says so, with the `failed` attempt
+    that decided it (none when the service's operators did it by hand)."""
     disabled = db.session.execute(
         update(WebhookEndpoint)
         .where(WebhookEndpoint.id == endpoint_id, WebhookEndpoint.is_active)
@@ -237,13 +212,12 @@ def disable_endpoint(
     ).first()
     if disabled is None:
         return False
-    close_queue(
-        disabled.brand_id,
-        endpoint_id,
-        why=_why_not_sent(reason),
-        now=now,
-        first_batch=first_batch,
-    )
+    # Each ended delivery's last error in one phrase: "Endpoint disabled: The receiver answered
+    # 410 Gone", "Endpoint disabled from the dashboard by key …".
+    why = f"Endpoint disabled: {reason}"
+    if reason.startswith("Disabled "):
+        why = "Endpoint d" + reason[1:]
+    close_queue(disabled.brand_id, endpoint_id, why=why, now=now, first_batch=first_batch)
     if by_service:
         _announce(ENDPOINT_DISABLED, disabled, attempt=failed, now=now, disabled_at=now)
     return True
@@ -261,14 +235,6 @@ def close_queue(
         now=now,
         first_batch=first_batch,
     )
-
-
-def _why_not_sent(reason: str) -> str:
-    """The last error of each delivery the disabling ended, in one phrase: "Endpoint disabled
-    from the dashboard by key …", "Endpoint disabled: The receiver answered 410 Gone"."""
-    if reason.startswith("Disabled "):
-        return "Endpoint d" + reason[1:]
-    return f"Endpoint disabled: {reason}"
 
 
 def _announce(
@@ -346,18 +312,3 @@ def enable_endpoint(endpoint_id: str, *, now: datetime) -> bool:
         .execution_options(synchronize_session=False)
     ).first()
     return enabled is not None
-
-
-__all__ = [
-    "ENDPOINT_DISABLED",
-    "ENDPOINT_FAILING",
-    "EndpointNews",
-    "HealthApplied",
-    "apply_news",
-    "close_queue",
-    "count_disabled_endpoints",
-    "disable_endpoint",
-    "enable_endpoint",
-    "failing_threshold",
-    "news_of",
-]

@@ -1,17 +1,7 @@
-"""The delivery loop: one per worker process, one loop that re-reads the truth.
-
-    round: in one transaction, record what finished, write what it says of each endpoint's
-           health, and claim what is due, up to the free slots (queue.py
-           `record_and_claim`); then start those attempts
-    wait:  until an attempt finishes, a wake-up arrives (NOTIFY: events were published), a
-           walked endpoint's next retry falls due, or the poll interval passes; not at all
-           while the walks since the last wait have not gone round every endpoint
-
-The process keeps only what it is doing now: the attempts on the wire and the results not yet
-recorded, each under a lease that outlives it (outcomes.py `RetryPolicy.lease`). Attempts are
-tasks on an asyncio loop in a thread of its own; the database work runs on one more thread with
-one connection, closed when the loop stops; bulk changes run beside it on a thread of their
-own (bulk.py). docs/delivery.md lists the mechanisms and why each exists.
+"""The delivery loop, one per worker process: rounds of record, health and claim on a database
+thread (queue.py `record_and_claim`), attempts as tasks on an asyncio loop in a thread of its
+own, bulk jobs beside them (bulk.py). The process keeps only what it is doing now, each under a
+lease that outlives it. docs/delivery.md lists the mechanisms and why each exists.
 """
 
 from __future__ import annotations
@@ -34,7 +24,7 @@ from datetime import datetime
 
 from flask import Flask
 from sqlalchemy import Connection, text
-from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from extensions import db
@@ -59,7 +49,7 @@ from services.delivery.outcomes import (
     RetryPolicy,
     not_sent,
 )
-from services.delivery.queue import Claimed, record_and_claim, record_attempts
+from services.delivery.queue import OUTAGE, Claimed, record_and_claim, record_attempts
 from services.delivery.transport import Transport
 from services.endpoint_urls import UrlPolicy
 from services.failpoints import failpoint
@@ -70,8 +60,8 @@ log = logging.getLogger("brand_api.webhooks")
 
 # A claim walks at most this many endpoints per slot it could fill (and at least 64).
 WALK_PER_SLOT = 2
-# After an attempt ends, the next round waits up to this long for the others its claim started
-# (attempts started together mostly end together; a round for each would cost a round each).
+# After an attempt ends, the next round waits this long for the rest of its claim's cohort:
+# attempts started together mostly end together, and one round records them all.
 GATHER_SECONDS = 0.002
 # How often the loop writes its heartbeat (webhook_delivery_loops).
 HEARTBEAT_SECONDS = 1.0
@@ -156,7 +146,7 @@ class DeliveryLoop:
         self._failing = False  # the last round failed (logged once per outage)
         self._beat_at = 0.0
         self._tasks: set[asyncio.Task] = set()
-        self._db = DatabaseThread(initializer=self._enter_app)
+        self._db = DatabaseThread(initializer=lambda: app.app_context().push())
         self._connection: Connection | None = None  # the database thread's, see _session
         self._loop = asyncio.new_event_loop()
         self._wake = asyncio.Event()
@@ -166,17 +156,13 @@ class DeliveryLoop:
         self._thread.start()
         self._unsubscribe = listener_for(app).subscribe(self._on_wakeup)
 
-    # --- what other threads call ----------------------------------------------------------------
-
     def idle(self) -> bool:
-        """Nothing in flight or waiting for its record, the last round worked, and nothing was
-        left due at it, held back or not (a burst worker's test for "done")."""
+        """Nothing in flight, unrecorded or due, and the last round worked (a burst's "done")."""
         return self._idle
 
     def stop(self, grace: float) -> None:
-        """Claim nothing more; wait up to `grace` for the attempts in flight (each over within
-        the timeout) and their records. Past it, what is still running is abandoned: its lease
-        lapses by itself. Either way the loop's connection is closed and this returns."""
+        """Claim nothing more; wait up to `grace` for the attempts in flight and their records,
+        then abandon the rest (their leases lapse) and close the connection."""
         self._unsubscribe()
         self._loop.call_soon_threadsafe(self._begin_stop)
         clean = self._done.wait(grace)
@@ -205,8 +191,6 @@ class DeliveryLoop:
             task.cancel()
         self._wake.set()
 
-    # --- the loop -------------------------------------------------------------------------------
-
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
         self.app.app_context().push()  # failpoints and settings read the app
@@ -225,10 +209,6 @@ class DeliveryLoop:
             os._exit(EXIT_LOOP_DIED)
         finally:
             self._done.set()
-
-    def _enter_app(self) -> None:
-        """The database thread keeps an app context for its life."""
-        self.app.app_context().push()
 
     async def _main(self) -> None:
         self._transport = Transport(
@@ -264,7 +244,6 @@ class DeliveryLoop:
             await self._transport.close()
 
     async def _database_round(self, batch: list, slots: int, held: list[str]) -> Round:
-        """The round's database work on the database thread, under the round's deadline."""
         future = self._loop.run_in_executor(
             self._db, self._round_on_database_thread, batch, slots, held
         )
@@ -280,20 +259,15 @@ class DeliveryLoop:
             return await future
 
     def _round_on_database_thread(self, batch: list, slots: int, held: list[str]) -> Round:
-        """Record the batch and claim up to `slots` (never one of `held`: this worker's
-        deliveries on the wire or waiting for their record) in one transaction, the record
-        under a savepoint, and between them write what the results say of their endpoints'
-        health (under a savepoint of its own: news a locked row or a failure keeps from being
-        written waits for the next round). A batch that cannot be written together is written
-        apart, after the claim. A round the database refuses (an outage) writes nothing: the
-        batch is recorded next round."""
+        """Record the batch, write its health news and claim up to `slots` (never one of
+        `held`); a batch refused together is written apart after the claim, and a round the
+        database refuses writes nothing (the batch waits for the next)."""
         done = Round()
         session = None
         try:
             session = self._session()
             if batch:
-                # Tests kill or stall a worker here: the receiver has answered, nothing is
-                # recorded.
+                # Tests kill or stall a worker here: answered, not recorded.
                 failpoint("delivery.before_record")
             failpoint("delivery.before_claim")  # tests slow a round down here
             claim = None
@@ -333,7 +307,10 @@ class DeliveryLoop:
             if claimed is not None:
                 self._cursor = claimed.cursor
                 self._cycle_start = None if claimed.round_done else cycle_start
-                self._note_oldest_due(claimed)
+                # The oldest due time seen over the last walk round (GET /metrics' lag).
+                seen, oldest = claimed.oldest_due_at, self._oldest_due_at
+                if claimed.round_done or oldest is None or (seen is not None and seen < oldest):
+                    self._oldest_due_at = seen
                 # Tests stall a worker here: leases taken, no attempt started.
                 failpoint("delivery.after_claim")
                 done.claimed = claimed
@@ -347,7 +324,7 @@ class DeliveryLoop:
         except Exception as error:
             self._drop_session(session)
             count_backing_service_error("database", "worker")
-            outage = isinstance(error, OperationalError | InterfaceError)
+            outage = isinstance(error, OUTAGE)
             # An outage is one line, not one a second; anything else is a bug: its traceback.
             if not (outage and self._failing):
                 log.warning(
@@ -363,8 +340,8 @@ class DeliveryLoop:
         return done
 
     def _write_health(self, batch: list, recorded: list[Recorded], done: Round) -> None:
-        """What the results say of their endpoints' health, with what earlier rounds could not
-        write, under a savepoint: whatever it cannot write now waits for the next round."""
+        """The results' health news and what earlier rounds could not write, under a
+        savepoint: what it cannot write now waits for the next round."""
         for endpoint_id, item in news_of(batch, recorded).items():
             known = self._news.get(endpoint_id)
             self._news[endpoint_id] = known.merge(item) if known else item
@@ -373,7 +350,7 @@ class DeliveryLoop:
         try:
             with db.session.begin_nested():
                 applied = apply_news(self._news, policy=self.policy)
-        except (OperationalError, InterfaceError):
+        except OUTAGE:
             raise
         except SQLAlchemyError:
             log.warning("endpoint health not written this round; next round", exc_info=True)
@@ -381,21 +358,8 @@ class DeliveryLoop:
         self._news = applied.carried
         done.disabled += applied.disabled
 
-    def _note_oldest_due(self, claimed: Claimed) -> None:
-        """The oldest due time this loop saw waiting over its last walk round every endpoint
-        (what GET /metrics shows as the delivery lag)."""
-        if claimed.oldest_due_at is not None and (
-            self._oldest_due_at is None or claimed.oldest_due_at < self._oldest_due_at
-        ):
-            self._oldest_due_at = claimed.oldest_due_at
-        if claimed.round_done:
-            self._oldest_due_at = claimed.oldest_due_at
-
-    # --- the database thread's connection -------------------------------------------------------
-
     def _session(self) -> Session:
-        """The database thread's session on its own connection, opened when there is none:
-        Flask-SQLAlchemy's scoped session, bound to it."""
+        """Flask-SQLAlchemy's scoped session, bound to the database thread's own connection."""
         if self._connection is None:
             self._connection = db.engine.connect()
             # Flask-SQLAlchemy types its registry for its own Session, which chooses among
@@ -403,18 +367,19 @@ class DeliveryLoop:
             db.session.registry.set(Session(bind=self._connection))  # type: ignore[arg-type]
         return db.session()
 
-    def _drop_session(self, session: Session | None) -> None:
-        """After a failed round: roll back, and give up the connection (perhaps broken); the
-        next round opens another."""
+    def _drop_session(self, session: Session | None, *, broken: bool = True) -> None:
+        """Give up the session and its connection (after a failed round perhaps broken: not
+        reused); the next round opens another."""
         connection, self._connection = self._connection, None
         # A broken connection may fail to roll back or close: it is being thrown away.
         with contextlib.suppress(Exception):
             if session is not None:
-                session.rollback()
+                session.close()
         db.session.registry.clear()
         if connection is not None:
             with contextlib.suppress(Exception):
-                connection.invalidate()
+                if broken:
+                    connection.invalidate()
                 connection.close()
 
     def _close_connection(self, forget: bool) -> None:
@@ -426,11 +391,7 @@ class DeliveryLoop:
             with contextlib.suppress(Exception):
                 session.execute(_FORGET_HEARTBEAT, {"id": self.loop_id})
                 session.commit()
-        connection, self._connection = self._connection, None
-        with contextlib.suppress(Exception):
-            session.close()
-            db.session.registry.clear()
-            connection.close()
+        self._drop_session(session, broken=False)
 
     def _shut_connection(self) -> None:
         """From the loop's thread: shut the database thread's socket, so that its blocked call
@@ -454,14 +415,10 @@ class DeliveryLoop:
         )
         self._beat_at = now
 
-    # --- waiting --------------------------------------------------------------------------------
-
     async def _wait(self, done: Round, slots: int) -> None:
-        """Until something to do: an attempt finished, a wake-up, a retry falls due, or the poll
-        interval. None while results wait, or the walks have not gone round and slots are free
-        (a result whose rows were locked waits, though). After a failed
-        round, a pause whatever happens: the results wait in memory, under leases that outlast
-        this pause."""
+        """Until an attempt finishes, a wake-up, a retry falls due or the poll interval; not at
+        all while fresh results wait or the walks have not gone round with slots free. After a
+        failed round, a pause: its results wait under leases that outlast it."""
         if done.failed:
             await asyncio.sleep(DATABASE_RETRY_SECONDS)
             return
@@ -483,8 +440,6 @@ class DeliveryLoop:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(gather_until - time.monotonic()):
                     await self._wake.wait()
-
-    # --- attempting -----------------------------------------------------------------------------
 
     def _start(self, attempt: Attempt) -> None:
         if attempt.delivery_id in self._running:  # the claim excludes these; never twice
@@ -519,7 +474,7 @@ class DeliveryLoop:
             },
         )
         try:
-            current, previous = self._secrets(attempt)
+            current = self._secret(attempt, "signing", attempt.secret_ciphertext)
             if current is None:
                 outcome = not_sent(
                     f"{OWN_FAULT} cannot decrypt the signing secret (ENCRYPTION_KEY changed?); "
@@ -530,7 +485,10 @@ class DeliveryLoop:
                 outcome = await self._transport.send_attempt(
                     url=attempt.url,
                     secret=current,
-                    previous_secret=previous,
+                    # While a rotation's overlap lasts; the current one signs if it cannot.
+                    previous_secret=self._secret(
+                        attempt, "previous", attempt.previous_secret_ciphertext
+                    ),
                     body=attempt.body,
                     event_name=attempt.event_name,
                     event_id=attempt.event_id,
@@ -552,19 +510,12 @@ class DeliveryLoop:
             self._finished.append((attempt, outcome))
             self._wake.set()
 
-    def _secrets(self, attempt: Attempt) -> tuple[str | None, str | None]:
+    def _secret(self, attempt: Attempt, which: str, ciphertext: str | None) -> str | None:
         try:
-            current = self._decrypt(attempt.secret_ciphertext)
+            return None if ciphertext is None else self._decrypt(ciphertext)
         except InvalidToken:
-            log.error("signing secret of endpoint %s cannot be decrypted", attempt.endpoint_id)
-            return None, None
-        previous = None
-        if attempt.previous_secret_ciphertext is not None:
-            try:
-                previous = self._decrypt(attempt.previous_secret_ciphertext)
-            except InvalidToken:  # the current one still signs
-                log.error("previous secret of endpoint %s cannot be decrypted", attempt.endpoint_id)
-        return current, previous
+            log.error("%s secret of endpoint %s cannot be decrypted", which, attempt.endpoint_id)
+            return None
 
 
 def _log_attempt(attempt: Attempt, outcome: AttemptOutcome, recorded: Recorded) -> None:
@@ -634,6 +585,3 @@ def stop_delivery_loop(grace: float) -> None:
         loop, _delivery_loop = _delivery_loop, None
     if loop is not None:
         loop.stop(grace)
-
-
-__all__ = ["EXIT_LOOP_DIED", "DeliveryLoop", "start_delivery_loop", "stop_delivery_loop"]

@@ -1,5 +1,5 @@
 """What an attempt is and what came of it, the retry policy (CONTRACT 1, 6.2, 8.6), and the times
-that bound a delivery round and its leases (docs/delivery.md, "Leases")."""
+that bound a delivery round and its leases (docs/delivery.md, "Times and limits")."""
 
 from __future__ import annotations
 
@@ -21,15 +21,13 @@ OWN_FAULT = "Not sent: this worker"
 # Each statement of a round, at most; a lock is skipped where it can be, else waited this long.
 STATEMENT_TIMEOUT_SECONDS = 2.0
 LOCK_TIMEOUT_SECONDS = 1.0
-# A round longer than this has its connection's socket shut (a connection gone half-open, where
-# no timeout of the server's can fire); the next round opens another.
+# A longer round has its socket shut: a half-open connection, where no server timeout fires.
 ROUND_DEADLINE_SECONDS = 4.0
 # After a round the database refused (an outage), the next waits this long.
 DATABASE_RETRY_SECONDS = 1.0
 # An attempt starts within this long of the claim that leased it, or not at all.
 START_WINDOW_SECONDS = 2.0
-# After an attempt ends: the round under way then (at most its deadline), and the record's own
-# statement in the next. The longest its record waits while the database answers.
+# The longest an ended attempt's record waits: the round under way, then its own statement.
 RECORD_SLACK_SECONDS = ROUND_DEADLINE_SECONDS + STATEMENT_TIMEOUT_SECONDS
 
 
@@ -53,14 +51,9 @@ class RetryPolicy:
         )
 
     @property
-    def max_attempts(self) -> int:
-        return len(self.schedule) + 1
-
-    @property
     def lease(self) -> timedelta:
-        """How long a claim leases a delivery: it starts within the start window, runs at most
-        the timeout, and is recorded within the record's slack, all before the lease ends. So
-        no other worker takes it while it may be on the wire or waiting for its record."""
+        """A claim's lease: its attempt starts, ends and is recorded before the lease ends, so no
+        other worker takes the delivery while it may be on the wire or unrecorded."""
         return timedelta(seconds=START_WINDOW_SECONDS + self.timeout + RECORD_SLACK_SECONDS)
 
     def retry_delay(
@@ -68,7 +61,7 @@ class RetryPolicy:
     ) -> tuple[float | None, float | None]:
         """(seconds to the next attempt, seconds before which none may start: a Retry-After),
         or Nones for a success or after the last attempt."""
-        if outcome.succeeded or attempt_number >= self.max_attempts:
+        if outcome.succeeded or attempt_number > len(self.schedule):
             return None, None
         delay = self.schedule[attempt_number - 1] * (rng or random).uniform(1 - JITTER, 1 + JITTER)
         asked = None
@@ -98,16 +91,14 @@ class Attempt:
     start_by: float = float("inf")
     # The endpoint was failing at the claim: its success is news for its health.
     endpoint_failing: bool = False
-    # CONTRACT 13.6: the endpoint takes a `traceparent`; the trace context its event was
-    # published in (services/events.py), which the attempt joins.
+    # CONTRACT 13.6: the endpoint takes a `traceparent`; the event's, which the attempt joins.
     trace_context: bool = False
     traceparent: str | None = None
 
 
 @dataclass(frozen=True)
 class AttemptTimings:
-    """Where an attempt's time went (CONTRACT 12.5), in milliseconds; None where the attempt did
-    not get that far or the step did not happen."""
+    """Where an attempt's time went (CONTRACT 12.5), in milliseconds; None for a step not made."""
 
     dns_ms: int | None = None
     connect_ms: int | None = None
@@ -166,8 +157,7 @@ class AttemptOutcome:
         return error[:ERROR_MAX_LENGTH]
 
     def reduced(self) -> AttemptOutcome:
-        """This outcome with nothing of the receiver's but its status: what is stored when the
-        whole could not be."""
+        """Nothing of the receiver's but its status: what is stored when the whole cannot be."""
         return AttemptOutcome(
             requested_at=self.requested_at,
             duration_ms=self.duration_ms,
@@ -186,25 +176,15 @@ def not_sent(why: str, requested_at: datetime) -> AttemptOutcome:
 
 
 @dataclass(frozen=True)
-class EndpointState:
-    """An endpoint as a record found it (read, not locked): what its health needs to know."""
-
-    consecutive_failures: int
-    probing: bool
-
-
-@dataclass(frozen=True)
 class Recorded:
-    """What became of an attempt's result.
-
-    `kept`: written. `carried`: not written yet (its rows were locked by someone else); the
-    loop tries again next round. Neither: its lease was no longer the delivery's (it lapsed and
-    another worker took it), or it could not be stored at all: nothing was written."""
+    """What became of an attempt's result: `kept` (written, with its endpoint's run of failures
+    as the record read it), `carried` (its rows were locked: next round), or neither (its lease
+    was another worker's by then, or it could not be stored at all)."""
 
     status: str
     retry_at: datetime | None = None
     kept: bool = True
     carried: bool = False
     reduced: bool = False
-    # The endpoint as the record found it (a kept result's).
-    endpoint: EndpointState | None = None
+    consecutive_failures: int = 0
+    probing: bool = False

@@ -1,25 +1,7 @@
-"""The queue's statements: how publishers add work, how a worker claims attempts, and how it
-records what came of them (CONTRACT 6.2, 12.2, 13.1, 13.5). docs/delivery.md explains the design.
-
-Every pending delivery is in exactly one of two tables: queued (`webhook_delivery_queue`,
-waiting for its next attempt, or held behind an earlier one of its subject) or leased
-(`webhook_delivery_leases`, on the wire). The rule of every statement here: it touches the rows
-of the attempts it records or claims, and a bounded number of index probes, never anything that
-grows with one endpoint's queue. What does grow (failing a closed endpoint's queue, retry-now,
-catch-up, releasing holds) is a bulk job (bulk.py).
-
-- A claim walks the endpoints that have queued work in id order from where this worker's last
-  walk stopped (one index probe each, at most `walk_max` a claim), wrapping round: every endpoint
-  with due work gets its turn, and no row records whose turn it is. The endpoints it can serve
-  (taking attempts, not paused, with room under their limit) are locked for the claim's
-  transaction with an advisory lock (another worker's claim skips them, nobody waits), then a
-  second statement, whose snapshot sees every claim committed before those locks, takes each
-  one's lapsed leases and oldest due rows up to its room.
-- A record writes a batch of results in one statement. It locks the leases and deliveries it
-  writes with SKIP LOCKED: a result whose rows another transaction holds is carried to the next
-  round, never waited for. A result whose lease another worker took is discarded.
-
-Times are the database's clock (`statement_timestamp()`), or `now` where a test gives one.
+"""The queue's statements: how publishers add work, how a worker claims attempts and how it
+records what came of them (CONTRACT 6.2, 12.2, 13.1, 13.5). docs/delivery.md explains the design
+(the outbox, the queue and leases, the walk, in-flight limits, the record); each statement
+touches the rows it records or claims and a bounded number of index probes, nothing more.
 """
 
 from __future__ import annotations
@@ -42,7 +24,6 @@ from services.delivery.outcomes import (
     STATEMENT_TIMEOUT_SECONDS,
     Attempt,
     AttemptOutcome,
-    EndpointState,
     Recorded,
     RetryPolicy,
 )
@@ -50,31 +31,24 @@ from services.psycopg_direct import RawStatement, run_pipeline
 
 log = logging.getLogger("brand_api.webhooks")
 
-# An endpoint whose last this many attempts failed in a row is probed with one attempt at a time
-# (a half-open circuit breaker), whatever its limit allows a healthy one (health.py).
+# After this many failures in a row an endpoint gets one attempt at a time (the breaker).
 PROBING_AFTER_FAILURES = 3
-# How far past an ordered endpoint's room a claim looks for deliveries it can start, holding
-# the ones behind an earlier pending delivery of their subject as it goes.
+# How far past an ordered endpoint's room a claim looks, holding what waits behind its subject.
 ORDERED_LOOK_AHEAD = 32
-# A worker whose heartbeat is older than this no longer counts among those sharing an
-# endpoint's limit.
+# A worker whose heartbeat is older no longer shares endpoints' limits.
 LIVE_WORKER_SECONDS = 10
 # The advisory locks of claims: (this, hashtext(endpoint id)).
 CLAIM_LOCK_CLASS = 41_001
-# A result a record could not write for a reason of the data is tried alone, then reduced, up
-# to this many times in all, then dropped (its lease lapses and the delivery is sent again).
+# A result the database refuses alone is stored reduced, this many tries in all, then dropped.
 RECORD_TRIES = 3
+# Errors that say the database is out of reach, not that a result's data is wrong.
+OUTAGE = (OperationalError, InterfaceError)
 
-# The statement's clock: the database's, or `now` where a test gives one (one CTE of each
-# statement that reads it: `{T}`).
+# The statement's clock: the database's, or `now` where a test gives one (`{T}`).
 CLOCK = "clock AS (SELECT COALESCE(CAST(%(now)s AS timestamptz), statement_timestamp()) AS t)"
 T = "(SELECT t FROM clock)"
-# Each transaction of a round sets its own limits first (a pooler may give the next transaction
-# another server connection: nothing is set for the session), in the same exchange as the rest.
-# A round that only records does not wait for the disk: a PostgreSQL crash (not a restart) may
-# lose its last fraction of a second, and those deliveries are sent once more, after their
-# leases. A round that takes attempts turns it back on (in _TAKE's rows): a lost lease would let
-# a second copy go on the wire beside the first (docs/delivery.md).
+# Each transaction sets its own limits (a pooler may hand its connection on). A record alone
+# does not wait for the disk; a take turns that back on (docs/delivery.md says why).
 LIMITS = RawStatement.of(
     f"SELECT set_config('statement_timeout', '{int(STATEMENT_TIMEOUT_SECONDS * 1000)}', true),"
     f" set_config('lock_timeout', '{int(LOCK_TIMEOUT_SECONDS * 1000)}', true),"
@@ -83,33 +57,33 @@ LIMITS = RawStatement.of(
 )
 
 
-def takes_attempts_sql(alias: str) -> str:
-    """The endpoint `alias` may be sent attempts now: open (models/webhook_endpoint.py's rule)
-    and not clearing the queue it had when it was closed (an `end_pending` job, bulk.py)."""
+def clearing_sql(alias: str) -> str:
+    """The endpoint `alias` has an open `end_pending` job (bulk.py) clearing its old queue."""
     return (
-        f"({endpoint_is_open_sql(alias)} AND NOT EXISTS (SELECT 1 FROM webhook_bulk_jobs j"  # noqa: S608
-        f" WHERE j.kind = '{END_PENDING}' AND j.endpoint_id = {alias}.id"
-        " AND j.finished_at IS NULL))"
+        f"EXISTS (SELECT 1 FROM webhook_bulk_jobs AS j WHERE j.kind = '{END_PENDING}'"  # noqa: S608
+        f" AND j.endpoint_id = {alias}.id AND j.finished_at IS NULL)"
+    )
+
+
+def serving_sql(alias: str) -> str:
+    """The endpoint `alias` takes attempts now: open, not clearing, not pausing (the breaker)."""
+    return (
+        f"{endpoint_is_open_sql(alias)} AND NOT {clearing_sql(alias)}"
+        f" AND NOT COALESCE({alias}.next_probe_at > {T}, false)"
     )
 
 
 def limit_sql(alias: str) -> str:
-    """How many attempts the endpoint `alias` may have in flight, across all workers: one while
-    it keeps failing (the breaker), else its own `max_in_flight` or the setting."""
+    """The endpoint's in-flight limit across workers: one while the breaker is open."""
     return (
         f"CASE WHEN {alias}.consecutive_failures >= {PROBING_AFTER_FAILURES} THEN 1"
         f" ELSE COALESCE({alias}.max_in_flight, %(endpoint_limit)s) END"
     )
 
 
-# --- publishing -------------------------------------------------------------------------------
-
-# For a publishing statement (services/events.py) whose CTE `receiving` holds the endpoints
-# that take the event (locked FOR KEY SHARE, so that one closed meanwhile is read again and
-# left out) and whose `{deliveries_from}` gives `event` (id, brand_id, name, created_at,
-# sequence) one row per delivery: a pending delivery and its queue row for each, due now. The
-# queue row carries the event's subject for an endpoint that orders by subject. Nothing else:
-# no endpoint row is written, whatever the endpoint's state.
+# A publishing statement's pending deliveries and their queue rows, due now: services/events.py
+# gives the CTE `receiving` (the endpoints, locked FOR KEY SHARE) and fills the placeholders,
+# `{deliveries_from}` yielding `event` once per delivery. No endpoint row is written.
 ENQUEUE_CTES = """
     deliveries AS (
         INSERT INTO webhook_deliveries (
@@ -135,26 +109,21 @@ ENQUEUE_CTES = """
 RECEIVING_COLUMNS = "endpoint.id, endpoint.ordering"
 
 
-# --- claiming ---------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Claimed:
     attempts: list[Attempt] = field(default_factory=list)
     # Where the next claim's walk begins (the last endpoint this one walked or served).
     cursor: str = ""
-    # Since `cycle_start`, the walks went round every endpoint with queued work: no need to walk
-    # again before something changes.
+    # The walks since `cycle_start` went round every endpoint with queued work.
     round_done: bool = True
-    # The earliest time a walked endpoint's queue falls due after now (sleep no longer).
+    # The earliest due time after now of a walked endpoint (sleep no longer); the oldest due
+    # time the walk saw still waiting (GET /metrics).
     next_due_at: datetime | None = None
-    # The oldest due time this walk saw still waiting (for GET /metrics).
     oldest_due_at: datetime | None = None
 
 
 def claim_attempts(**claim: Any) -> Claimed:
-    """Lease due deliveries for attempts that start now, in a transaction of its own (which it
-    commits: its locks are the transaction's). `claim`: as `record_and_claim` takes it."""
+    """A claim alone, committed (`claim`: as `record_and_claim` takes it)."""
     _, claimed = record_and_claim([], policy=None, claim=claim)
     assert claimed is not None
     return claimed
@@ -168,26 +137,16 @@ def record_and_claim(
     between: Callable[[list[Recorded]], None] | None = None,
     rng=None,
 ) -> tuple[list[Recorded] | None, Claimed | None]:
-    """A round's record and claim, in one transaction that this commits, in two exchanges with
-    the server when all goes well: the results and the walk, then the take and the commit.
+    """A round's record and claim in one transaction, committed: two exchanges with the server
+    when all goes well. The record runs under a savepoint: refused for a reason of the data,
+    it alone rolls back and None is returned for it (the caller uses `record_attempts`).
+    `between(recorded)` (the health step) runs before the walk; the walk goes out with the
+    record only when no result can be health news.
 
-    The record runs under a savepoint: when it fails for a reason of the data, it alone is
-    rolled back, the claim goes on, and None is returned for it: the caller records the results
-    the slow way (`record_attempts`). `between(recorded)` runs after the record and before the
-    walk (the endpoints' health: a 410 closes its endpoint before the claim could take more of
-    it); the walk goes with the record only when no result can be news for an endpoint's
-    health (every one a success, at an endpoint healthy at its claim).
-
-    `claim` (None: record only): `slots`, `endpoint_limit`, `token` and `lease`, and optionally
-    `held` (deliveries this worker still sends or records, never taken again by it), `cursor`
-    and `cycle_start` (where this claim's walk begins, and where the walks since the loop last
-    waited began), `walk_max`, `start_by` (the attempts' start window) and `now` (a test's
-    clock). Each endpoint served gets up to its room: its limit less every worker's live
-    leases, and at most this worker's share of the limit (the limit divided among the live
-    workers), so that workers share an endpoint's work; the first of every endpoint goes
-    before the second of any. An endpoint that orders by subject never starts a delivery while
-    an earlier one of its subject is pending: that one is held (`next_attempt_at` null,
-    `held_behind` the earlier one) until the earlier one ends."""
+    `claim` (None: record only): `slots`, `endpoint_limit`, `token`, `lease`; optionally `held`
+    (deliveries never taken again by this worker), `cursor`, `cycle_start`, `walk_max`,
+    `start_by` and `now` (a test's clock). docs/delivery.md, mechanisms 3, 4 and 10, says what
+    each endpoint gets."""
     connection = db.session.connection()
     pick = _pick_parameters(claim) if claim is not None else None
     news_possible = between is not None and any(
@@ -203,7 +162,7 @@ def record_and_claim(
         answers = run_pipeline(connection, statements, commit=pick is None)
         recorded = _recorded(results, answers[2]) if results else []
     except DBAPIError as error:
-        if not results or isinstance(error, OperationalError | InterfaceError):
+        if not results or isinstance(error, OUTAGE):
             raise
         log.warning(
             "recording %d webhook attempt(s) together failed (%s); recording them apart",
@@ -237,8 +196,7 @@ def _pick_parameters(claim: dict[str, Any]) -> dict[str, Any]:
 
 
 def _take(connection, rows: list[tuple], pick: dict[str, Any], claim: dict[str, Any]) -> Claimed:
-    """What the walk found (`rows`), taken: the attempts leased, and the transaction
-    committed."""
+    """What the walk found (`rows`), taken: the attempts leased, and the commit."""
     walk = next(row for row in rows if row[0] == "walk")
     _, new_cursor, round_done, next_due_at, oldest_due_at, closed, _ = walk
     claimed = Claimed(
@@ -295,13 +253,10 @@ _SAVEPOINT = RawStatement.of("SAVEPOINT record")
 _ROLLBACK_TO_SAVEPOINT = RawStatement.of("ROLLBACK TO SAVEPOINT record")
 
 
-# The walk: from the cursor, the first queue row of each next endpoint (its earliest due time;
-# a held row, null, sorts last), wrapping round to the first endpoint and on up to the cursor.
-# The endpoints found due (and those with a lapsed lease: the leases table holds only what is
-# in flight) that take attempts, are not paused and have room, in walk order, up to one per
-# slot, each locked for this transaction unless another claim holds it. A closed endpoint the
-# walk meets with queued work and no job clearing it (a publish that raced its closing) gets
-# that job (bulk.py). Last, a row that says where the walk got to.
+# The walk: from the cursor, each next endpoint's first queue row (a held one, null, sorts
+# last), wrapping round. Those due (or with a lapsed lease) that take attempts and have room,
+# up to one per slot, each locked unless another claim holds it; a job for a closed endpoint
+# met with queued work and none clearing it (bulk.py); last, where the walk got to.
 _PICK = RawStatement.of(
     f"""
     WITH RECURSIVE {CLOCK},
@@ -338,7 +293,7 @@ _PICK = RawStatement.of(
             ) AS f GROUP BY endpoint_id
         ) AS c
         JOIN webhook_endpoints AS e ON e.id = c.endpoint_id
-        WHERE {takes_attempts_sql("e")} AND NOT COALESCE(e.next_probe_at > {T}, false)
+        WHERE {serving_sql("e")}
           AND (SELECT count(*) FROM webhook_delivery_leases AS l
                WHERE l.endpoint_id = e.id AND l.leased_until >= {T}) < {limit_sql("e")}
         ORDER BY c.n LIMIT %(slots)s
@@ -347,9 +302,7 @@ _PICK = RawStatement.of(
         INSERT INTO webhook_bulk_jobs (kind, brand_id, endpoint_id, note, requested_at)
         SELECT '{END_PENDING}', e.brand_id, e.id, 'Endpoint disabled or deleted', {T}
         FROM walked JOIN webhook_endpoints AS e ON e.id = walked.endpoint_id
-        WHERE NOT ({endpoint_is_open_sql("e")})
-          AND NOT EXISTS (SELECT 1 FROM webhook_bulk_jobs AS j WHERE j.kind = '{END_PENDING}'
-                          AND j.endpoint_id = e.id AND j.finished_at IS NULL)
+        WHERE NOT ({endpoint_is_open_sql("e")}) AND NOT {clearing_sql("e")}
         ON CONFLICT DO NOTHING
         RETURNING endpoint_id
     )
@@ -367,17 +320,12 @@ _PICK = RawStatement.of(
     """  # noqa: S608 - constant SQL, put together at import
 )
 
-# With the endpoints locked, in a statement of its own (its snapshot sees every claim committed
-# before the locks): each endpoint's room (its limit less every worker's live leases, and at
-# most this worker's share of the limit less its own), its lapsed leases (re-let first: theirs
-# are the oldest due) and its oldest due queue rows (a look-ahead past its room for an endpoint
-# that orders by subject, whose rows behind an earlier pending delivery of their subject are
-# held as they are met: the earlier one's delivery row is locked FOR SHARE meanwhile, so it
-# cannot end unseen before the hold commits, and a row whose earlier one is locked by someone
-# else waits for the next claim), the rows each gets (the first of every endpoint before the
-# second of any, up to the slots), moved from the queue to the leases, and the attempts to
-# make. Rows are materialised CTEs: as subqueries of the statements that change them,
-# PostgreSQL may re-run a pick and ignore its limit.
+# With the endpoints locked, in a statement whose snapshot sees every claim committed before
+# the locks: each endpoint's room, its lapsed leases (first) and oldest due rows up to it, moved
+# to the leases; an ordered endpoint's rows behind a pending one of their subject are held
+# (that one locked FOR SHARE meanwhile, so it cannot end unseen; one someone else holds waits
+# for the next claim). CTEs are materialised: as subqueries of the statements that change rows,
+# PostgreSQL may re-run a pick past its limit.
 _TAKE = RawStatement.of(
     f"""
     WITH {CLOCK},
@@ -398,8 +346,7 @@ _TAKE = RawStatement.of(
             SELECT count(*) AS total, count(*) FILTER (WHERE left(token, 8) = %(owner)s) AS mine
             FROM webhook_delivery_leases WHERE endpoint_id = e.id AND leased_until >= {T}
         ) AS f
-        WHERE e.id = ANY(CAST(%(endpoint_ids)s AS varchar[])) AND {takes_attempts_sql("e")}
-          AND NOT COALESCE(e.next_probe_at > {T}, false)
+        WHERE e.id = ANY(CAST(%(endpoint_ids)s AS varchar[])) AND {serving_sql("e")}
     ),
     lapsed AS MATERIALIZED (
         SELECT p.id AS endpoint_id, p.turn, l.delivery_id, l.leased_until AS due_at
@@ -497,55 +444,28 @@ _TAKE = RawStatement.of(
 )
 
 
-# --- recording --------------------------------------------------------------------------------
-
-
 def record_attempts(
-    results: Sequence[tuple[Attempt, AttemptOutcome]],
-    *,
-    policy: RetryPolicy,
-    rng=None,
+    results: Sequence[tuple[Attempt, AttemptOutcome]], *, policy: RetryPolicy, rng=None
 ) -> list[Recorded]:
-    """Write a round's results, committing what it writes (each part of a split batch on its
-    own); for each, what became of it (with its endpoint as the record found it).
-
-    All in one statement when that works. When it fails for a reason of the data (not an
-    outage: that is raised, and the results wait for the next round), the batch is split in
-    two and each half written alone, down to single results; a single result that still fails
-    is written in a reduced form (its status and a plain error), and one that fails even so is
-    dropped and logged (its lease lapses and the delivery is sent again). One bad answer never
-    holds back the others' records, and the same batch is never retried as it was.
-
-    A success settles its delivery `delivered` even if its endpoint was closed meanwhile: the
-    receiver has it. A failure of a closed endpoint's delivery ends it `failed`."""
-    recorded: dict[int, Recorded] = {}
-    _record_split(list(enumerate(results)), policy, rng, recorded)
-    return [recorded[index] for index in range(len(results))]
-
-
-def _record_split(batch, policy, rng, recorded) -> None:
+    """Write results the slow way, each part committed: a batch refused for a reason of the
+    data is split in two down to single results, stored reduced, then dropped (mechanism 6 of
+    docs/delivery.md). An outage is raised: the results wait for the next round."""
     try:
-        written = _record([pair for _, pair in batch], policy, rng)
-        db.session.commit()
-    except (OperationalError, InterfaceError):
+        return _record(results, policy, rng)
+    except OUTAGE:
         raise
     except DBAPIError as error:
         db.session.rollback()
-        if len(batch) > 1:
+        if len(results) > 1:
             log.warning(
                 "recording %d webhook attempt(s) together failed (%s); splitting the batch",
-                len(batch),
+                len(results),
                 type(error.orig).__name__,
             )
-            middle = len(batch) // 2
-            _record_split(batch[:middle], policy, rng, recorded)
-            _record_split(batch[middle:], policy, rng, recorded)
-            return
-        index, (attempt, outcome) = batch[0]
-        recorded[index] = _record_reduced(attempt, outcome, policy, rng, error)
-        return
-    for (index, _), result in zip(batch, written, strict=True):
-        recorded[index] = result
+            middle = len(results) // 2
+            first = record_attempts(results[:middle], policy=policy, rng=rng)
+            return first + record_attempts(results[middle:], policy=policy, rng=rng)
+        return [_record_reduced(*results[0], policy, rng, error)]
 
 
 def _record_reduced(attempt, outcome, policy, rng, error) -> Recorded:
@@ -558,10 +478,9 @@ def _record_reduced(attempt, outcome, policy, rng, error) -> Recorded:
     )
     for _ in range(RECORD_TRIES - 1):
         try:
-            written = _record([(attempt, outcome.reduced())], policy, rng)
-            db.session.commit()
-            return replace(written[0], reduced=True)
-        except (OperationalError, InterfaceError):
+            [written] = _record([(attempt, outcome.reduced())], policy, rng)
+            return replace(written, reduced=True)
+        except OUTAGE:
             raise
         except DBAPIError:
             db.session.rollback()
@@ -579,6 +498,7 @@ def _record(results, policy: RetryPolicy, rng) -> list[Recorded]:
         [(LIMITS, {}), (_RECORD, _record_parameters(results, policy, rng))],
         commit=True,
     )
+    db.session.commit()
     return _recorded(results, rows)
 
 
@@ -586,64 +506,53 @@ def _recorded(results, rows: list[tuple]) -> list[Recorded]:
     by_id = {row[0]: row for row in rows}
     recorded: list[Recorded] = []
     for attempt, _ in results:
-        _, outcome_kind, status, retry_at, failures, probing = by_id[attempt.delivery_id]
-        if outcome_kind == "kept":
-            state = EndpointState(failures, probing)
-            recorded.append(Recorded(status=status, retry_at=retry_at, endpoint=state))
-        elif outcome_kind == "carried":
-            recorded.append(Recorded(status=PENDING, kept=False, carried=True))
+        _, kind, status, retry_at, failures, probing = by_id[attempt.delivery_id]
+        if kind == "kept":
+            kept = Recorded(status, retry_at, consecutive_failures=failures, probing=probing)
+            recorded.append(kept)
         else:
-            recorded.append(Recorded(status=PENDING, kept=False))
+            recorded.append(Recorded(status=PENDING, kept=False, carried=kind == "carried"))
     return recorded
 
 
 def _record_parameters(
     results: Sequence[tuple[Attempt, AttemptOutcome]], policy: RetryPolicy, rng
 ) -> dict[str, Any]:
-    """The batch as one JSON document: one parameter, dumped by the json module's C encoder
-    (eighteen arrays through psycopg's adapters cost a round 0.1 ms)."""
-    delays = [
-        policy.retry_delay(attempt.attempt_number, outcome, rng) for attempt, outcome in results
-    ]
-    return {
-        "results": json.dumps(
-            [
-                {
-                    "delivery_id": attempt.delivery_id,
-                    "token": attempt.token,
-                    "attempt_number": attempt.attempt_number,
-                    "succeeded": outcome.succeeded,
-                    "http_status": outcome.http_status,
-                    "error": outcome.error_text,
-                    "retry_seconds": retry,
-                    "not_before_seconds": asked,
-                    "requested_at": outcome.requested_at.isoformat(),
-                    "duration_ms": outcome.duration_ms,
-                    "response_body": outcome.response_body,
-                    "request_headers": outcome.request_headers,
-                    "response_headers": outcome.response_headers,
-                    "remote_address": outcome.remote_address,
-                    "dns_ms": outcome.timings.dns_ms,
-                    "connect_ms": outcome.timings.connect_ms,
-                    "tls_ms": outcome.timings.tls_ms,
-                    "first_byte_ms": outcome.timings.first_byte_ms,
-                }
-                for (attempt, outcome), (retry, asked) in zip(results, delays, strict=True)
-            ]
+    """The batch as one JSON parameter, dumped by the json module's C encoder (eighteen arrays
+    through psycopg's adapters cost a round 0.1 ms)."""
+    rows = []
+    for attempt, outcome in results:
+        retry, asked = policy.retry_delay(attempt.attempt_number, outcome, rng)
+        rows.append(
+            {
+                "delivery_id": attempt.delivery_id,
+                "token": attempt.token,
+                "attempt_number": attempt.attempt_number,
+                "succeeded": outcome.succeeded,
+                "http_status": outcome.http_status,
+                "error": outcome.error_text,
+                "retry_seconds": retry,
+                "not_before_seconds": asked,
+                "requested_at": outcome.requested_at.isoformat(),
+                "duration_ms": outcome.duration_ms,
+                "response_body": outcome.response_body,
+                "request_headers": outcome.request_headers,
+                "response_headers": outcome.response_headers,
+                "remote_address": outcome.remote_address,
+                "dns_ms": outcome.timings.dns_ms,
+                "connect_ms": outcome.timings.connect_ms,
+                "tls_ms": outcome.timings.tls_ms,
+                "first_byte_ms": outcome.timings.first_byte_ms,
+            }
         )
-    }
+    return {"results": json.dumps(rows)}
 
 
-# The batch, in one statement:
-# - `owned`: each result's lease, still under the token that took it (none: discarded);
-# - `locked`: those whose lease and delivery rows this transaction can lock now (the others are
-#   carried to the next round: nothing waits), with their endpoint read as it is;
-# - `released`: their leases, deleted;
-# - `written`: their deliveries, settled `delivered`, waiting for a retry (`pending`, with its
-#   next time, while the endpoint is open), or `failed` after the last or on a closed
-#   endpoint; a trigger releases what was held behind one that stopped being pending;
-# - `requeued`: one waiting for a retry goes back in the queue;
-# - `logged`: the attempt's row (a trigger counts it into its endpoint's hour).
+# The batch, in one statement: each result whose lease is still its token's (`owned`; else it
+# is discarded) and whose lease and delivery this transaction can lock now (`k`; else it is
+# carried) settles its delivery (`delivered` even if its endpoint closed meanwhile: the
+# receiver has it), goes back in the queue for a retry, and logs its attempt. Triggers release
+# what was held behind a delivery that stops being pending, and count the attempt's hour.
 _RETRY = "(NOT r.succeeded AND d.status = 'pending' AND k.open AND r.retry_seconds IS NOT NULL)"
 _RECORD = RawStatement.of(
     f"""

@@ -1,19 +1,8 @@
-"""One delivery attempt over HTTP: resolve and check the receiver's address, connect to exactly
-that address, post the signed body, and report what happened in words a brand can act on.
-
-Attempts run on the delivery loop's asyncio loop (loop.py) over one aiohttp
-session per worker process, which keeps connections to each receiver alive between attempts (a
-TLS handshake per delivery would cost more than the delivery). `WEBHOOK_TIMEOUT` bounds the
-whole attempt on the wall clock, name lookup, connect, sending, the answer's headers and its
-body alike: a receiver that trickles a byte a second cannot hold an attempt past it. Names are
-looked up on the loop too (c-ares), each under a deadline of its own, so a brand whose DNS is
-slow holds only its own attempts.
-
-Whatever the receiver answers is untrusted: answers.py reads it, bounded, and makes what
-the log keeps of it safe to store. Each attempt also records where its time went (the lookup,
-the TCP connect, the TLS handshake, the wait for the first byte) and the address it connected
-to (CONTRACT 12.5): the connect and handshake are told apart by noting when this attempt's
-socket is made and when its TLS object is, through a context variable the attempt sets.
+"""One delivery attempt over HTTP (mechanism 13 of docs/delivery.md): resolve and check the
+receiver's address, connect to exactly it, post the signed body, and say what happened in words
+a brand can act on. `WEBHOOK_TIMEOUT` bounds the whole attempt on the wall clock, lookup, connect
+and answer alike; the answer is read by answers.py. The connect and the TLS handshake are timed
+apart (CONTRACT 12.5) through a context variable the attempt sets.
 """
 
 from __future__ import annotations
@@ -28,7 +17,7 @@ import ssl
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import cast
+from typing import Any, cast
 
 import aiohttp
 
@@ -46,24 +35,23 @@ from services.signing import delivery_headers
 # Receivers that may ask for a later retry (CONTRACT 8.6).
 _RETRY_AFTER_STATUSES = (429, 503)
 _GONE = 410
-# A kept-alive connection idle this long is closed (receivers commonly close after 60 s); short
-# enough that a worker talking to thousands of receivers does not hold a socket for each.
+# An idle kept-alive connection's life: a worker talking to thousands of receivers holds few.
 KEEPALIVE_SECONDS = 15.0
 # A name lookup's own deadline, within the attempt's.
 LOOKUP_TIMEOUT_SECONDS = 5.0
-# An answer may carry this many headers, each line at most 8 KiB (aiohttp's limits); past that
-# it is refused as not valid HTTP, a failure like any other, so that the breaker slows the
-# receiver down: a 200 with a megabyte of headers would otherwise cost the worker that much
-# parsing on every delivery, at its neighbours' expense.
+# More headers (or a line over 8 KiB) is not valid HTTP, a failure the breaker slows down: a 200
+# with a megabyte of headers would cost that much parsing on every delivery.
 MAX_RESPONSE_HEADERS = 128
 NOT_HTTP = "The receiver's answer is not valid HTTP"
 
 
 @dataclass
 class _Progress:
-    """One attempt as it goes: what it is doing (for a timeout's words), and when each step
-    began, on time.perf_counter()."""
+    """One attempt as it goes: what it is doing (for a timeout's words), when each step began
+    (time.perf_counter()), and what it will record whichever way it ends."""
 
+    requested_at: datetime
+    headers: dict[str, str]
     phase: str = "connecting"
     status: int | None = None
     started: float = 0.0
@@ -75,6 +63,7 @@ class _Progress:
     sent: float | None = None
     first_byte: float | None = None
     sent_headers: dict[str, str] | None = None
+    remote_address: str | None = None
 
     def timings(self) -> AttemptTimings:
         connect_ms = tls_ms = None
@@ -91,8 +80,22 @@ class _Progress:
             dns_ms=self.dns_ms, connect_ms=connect_ms, tls_ms=tls_ms, first_byte_ms=first_byte_ms
         )
 
+    def outcome(self, *, error: str | None = None, **answer: Any) -> AttemptOutcome:
+        """The attempt's outcome, with what it got of an answer (AttemptOutcome's fields)."""
+        # An address is reached only once something was sent; a refusal before it connected none.
+        reached = self.connect_started or self.reused
+        return AttemptOutcome(
+            requested_at=self.requested_at,
+            duration_ms=_ms(time.perf_counter() - self.started),
+            request_headers=self.sent_headers or self.headers,
+            error=None if error is None else safe_error(error),
+            remote_address=self.remote_address if reached else None,
+            timings=self.timings(),
+            **answer,
+        )
 
-# The attempt whose connection the current task is making (see the module's docstring).
+
+# The attempt whose connection the current task is making.
 _current: contextvars.ContextVar[_Progress | None] = contextvars.ContextVar(
     "webhook_attempt", default=None
 )
@@ -119,8 +122,8 @@ class _TimedSSLObject(ssl.SSLObject):
 
 
 class Transport:
-    """The HTTP side of a worker process's delivery loop: one aiohttp session on its loop.
-    Create and use it on that loop."""
+    """One aiohttp session per worker, kept-alive connections shared by its attempts; create
+    and use it on the delivery loop's asyncio loop."""
 
     def __init__(
         self,
@@ -134,7 +137,6 @@ class Transport:
         self.policy = policy
         self.timeout = timeout
         self.lookup_timeout = min(timeout, LOOKUP_TIMEOUT_SECONDS)
-        # Each attempt asks anew (no cache: CONTRACT 6.3 checks the address at every attempt).
         self._resolver = (
             aiohttp.AsyncResolver(nameservers=nameservers)
             if nameservers
@@ -148,11 +150,10 @@ class Transport:
         tracing.on_request_headers_sent.append(_sent)
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(
-                # As many connections as attempts in flight, no more: a worker talking to
-                # thousands of receivers stays within its open files.
+                # As many connections as attempts in flight: within the worker's open files.
                 limit=connections,
-                # Never cached: each attempt resolves and checks (CONTRACT 6.3), and connects
-                # to the address in its URL, which is the checked one.
+                # Each attempt resolves and checks anew (CONTRACT 6.3), and connects to the
+                # checked address, which is in its URL.
                 use_dns_cache=False,
                 keepalive_timeout=KEEPALIVE_SECONDS,
                 ssl=self._ssl,
@@ -165,7 +166,7 @@ class Transport:
             timeout=aiohttp.ClientTimeout(total=None),
             trace_configs=[tracing],
             raise_for_status=False,
-            # The body is inflated by answers.py, only as far as what is kept.
+            # answers.py inflates the body only as far as what is kept.
             auto_decompress=False,
             max_headers=MAX_RESPONSE_HEADERS,
         )
@@ -186,8 +187,7 @@ class Transport:
         previous_secret: str | None = None,
         trace_headers: dict[str, str] | None = None,
     ) -> AttemptOutcome:
-        """One attempt: `trace_headers` (a `traceparent`, CONTRACT 13.6) go with the signed
-        ones, and into the attempt's record like them."""
+        """One attempt; `trace_headers` (CONTRACT 13.6) go with the signed ones."""
         requested_at = utcnow()
         headers = delivery_headers(
             secret=secret,
@@ -200,24 +200,22 @@ class Transport:
         )
         if trace_headers:
             headers |= trace_headers
-        progress = _Progress(started=time.perf_counter())
+        progress = _Progress(requested_at, headers, started=time.perf_counter())
         _current.set(progress)
-        outcome = _Outcome(requested_at, progress, headers)
         try:
             async with asyncio.timeout(self.timeout):
-                return await self._post(url, body, headers, outcome)
+                return await self._post(url, body, progress)
         except AddressRefused as refused:
-            return outcome.make(error=f"Not sent: {refused}")
+            return progress.outcome(error=f"Not sent: {refused}")
         except TimeoutError:
-            return outcome.make(
+            return progress.outcome(
                 http_status=progress.status,
                 error=f"Timed out after {self.timeout:g}s while {progress.phase}",
             )
         except (aiohttp.ClientError, OSError) as error:
-            return outcome.make(http_status=progress.status, error=describe_failure(error))
+            return progress.outcome(http_status=progress.status, error=describe_failure(error))
 
-    async def _post(self, url, body, headers, outcome: _Outcome) -> AttemptOutcome:
-        progress = outcome.progress
+    async def _post(self, url: str, body: bytes, progress: _Progress) -> AttemptOutcome:
         name = lookup_name(url, self.policy)
         if name is None:
             target = attempt_target(url, self.policy)
@@ -228,11 +226,11 @@ class Transport:
             progress.dns_ms = _ms(time.perf_counter() - looked_up)
             target = attempt_target(url, self.policy, addresses)
             progress.phase = "connecting"
-        outcome.remote_address = target.address
+        progress.remote_address = target.address
         async with self._session.post(
             target.url,
             data=body,
-            headers={**headers, "Host": target.host_header, "Accept-Encoding": "identity"},
+            headers={**progress.headers, "Host": target.host_header, "Accept-Encoding": "identity"},
             allow_redirects=False,
             server_hostname=target.hostname if target.scheme == "https" else None,
             trace_request_ctx=progress,
@@ -244,7 +242,7 @@ class Transport:
             if not complete:
                 # Unread bytes are left on the connection: it must not serve another attempt.
                 response.close()
-            return _judge(response, response_body, outcome)
+            return _judge(response, response_body, progress)
 
     async def _look_up(
         self, host: str, port: int
@@ -264,45 +262,8 @@ class Transport:
         return [ipaddress.ip_address(result["host"].split("%", 1)[0]) for result in found]
 
 
-class _Outcome:
-    """What an attempt records, whichever way it ends."""
-
-    def __init__(self, requested_at: datetime, progress: _Progress, headers: dict) -> None:
-        self.requested_at = requested_at
-        self.progress = progress
-        self.headers = headers
-        self.remote_address: str | None = None
-
-    def make(
-        self,
-        *,
-        http_status: int | None = None,
-        error: str | None = None,
-        response_body: str | None = None,
-        response_headers: dict[str, str] | None = None,
-        retry_after_seconds: float | None = None,
-        gone: bool = False,
-    ) -> AttemptOutcome:
-        progress = self.progress
-        # Reached only once something was sent; a refusal before it connected none.
-        address = self.remote_address if progress.connect_started or progress.reused else None
-        return AttemptOutcome(
-            requested_at=self.requested_at,
-            duration_ms=_ms(time.perf_counter() - progress.started),
-            request_headers=progress.sent_headers or self.headers,
-            http_status=http_status,
-            error=None if error is None else safe_error(error),
-            response_body=response_body,
-            response_headers=response_headers,
-            remote_address=address,
-            timings=progress.timings(),
-            retry_after_seconds=retry_after_seconds,
-            gone=gone,
-        )
-
-
 def _judge(
-    response: aiohttp.ClientResponse, response_body: str, outcome: _Outcome
+    response: aiohttp.ClientResponse, response_body: str, progress: _Progress
 ) -> AttemptOutcome:
     status = response.status
     error = None
@@ -318,10 +279,9 @@ def _judge(
     retry_after = None
     if status in _RETRY_AFTER_STATUSES:
         retry_after = parse_retry_after(response.headers.get("Retry-After"))
-        if retry_after is not None:
-            # A 429 or 503 is not a 2xx: its error was set above.
+        if retry_after is not None:  # a 429 or 503: its error was set above
             error = cast(str, error) + f" (Retry-After: {retry_after:g}s)"
-    return outcome.make(
+    return progress.outcome(
         http_status=status,
         error=error,
         response_body=response_body,
@@ -374,8 +334,8 @@ def parse_retry_after(value: str | None, *, now: datetime | None = None) -> floa
 
 
 def describe_failure(error: Exception) -> str:
-    """A short cause without the URL (it may carry the brand's own query tokens), and without
-    the receiver's own bytes beyond what says what was wrong."""
+    """A short cause without the URL (it may carry the brand's query tokens) or the receiver's
+    bytes beyond what says what was wrong."""
     if isinstance(error, aiohttp.ClientConnectorCertificateError):
         # OpenSSL's words: "Hostname mismatch, ..." or "IP address mismatch, ...".
         if "mismatch" in getattr(error.certificate_error, "verify_message", ""):
