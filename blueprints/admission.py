@@ -6,8 +6,9 @@ pool. Before issue 42 a request took its slot first and read its body and its ca
 queued in the lane of whichever brand its URL named. Now, in this order (`admit`, the app's
 before_request after the request id):
 
-1. The body is read whole within `BODY_DEADLINE_SECONDS`, holding nothing but the request's
-   own thread; one that does not arrive in time is answered 408 `REQUEST_TIMEOUT`.
+1. The body is read whole within `BODY_DEADLINE_SECONDS` (up to a quarter more, at random),
+   holding nothing but the request's own thread; one that does not arrive in time is answered
+   408 `REQUEST_TIMEOUT`.
 2. An API route's credential is checked (one indexed lookup in autocommit, on a connection
    given back at once: blueprints/api/auth.py, services/api_keys.py), so the request holds no
    pooled connection while it waits. A failure is answered at once (401, or 429 past
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import socket
 import threading
 import time
@@ -118,7 +120,11 @@ class _ReadWatchdog:
         threading.Thread(target=self._run, name="body-deadlines", daemon=True).start()
 
     def watch(self, sock: socket.socket, seconds: float) -> _Watch:
-        watch = _Watch(time.monotonic() + seconds, sock)
+        # At least `seconds`, and up to a quarter more at random: clients that arrived together
+        # (a flood of slow bodies) are cut apart, so their 408s and the reconnections that
+        # follow do not land on the process all at once, every deadline, again and again.
+        spread = secrets.randbelow(int(seconds * 250) + 1) / 1000
+        watch = _Watch(time.monotonic() + seconds + spread, sock)
         with self._lock:
             self._watches.add(watch)
         return watch
