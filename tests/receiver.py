@@ -107,6 +107,18 @@ class Receiver:
                 self._lock.wait(remaining)
             return list(self.received)
 
+    def wait_answered(self, count: int, timeout: float = 20.0) -> list[str]:
+        """The delivery ids of the first `count` answers written in full: a sender may read an
+        answer (and act on it, or die) before this receiver's thread has noted it."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while len(self.answered) < count:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise AssertionError(f"receiver answered {self.answered}, expected {count}")
+                self._lock.wait(remaining)
+            return list(self.answered)
+
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()

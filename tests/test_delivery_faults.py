@@ -197,7 +197,7 @@ def test_a_worker_killed_after_the_receiver_answered_and_before_the_record(
     receiver.wait_for(1, timeout=15)
     doomed.process.wait(15)
     assert doomed.process.returncode == 70  # the failpoint's exit: answered, not recorded
-    assert receiver.answered == [delivery_id]
+    assert receiver.wait_answered(1, timeout=5) == [delivery_id]
     assert api.delivery(delivery_id)["attemptCount"] == 0
 
     successor = start_worker()  # takes it once the dead worker's lease lapses
