@@ -22,7 +22,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import requests
 from requests.adapters import HTTPAdapter
@@ -98,6 +98,10 @@ def pgbouncer_in_front_of(database_url: str, pgbouncer: str, run_dir: Path) -> I
     the same database through it."""
     database = urlsplit(database_url)
     user = database.username or getpass.getuser()
+    # An embedded PostgreSQL (a laptop's `make test`) is reached by its socket's directory,
+    # given as `?host=`: PgBouncer takes a directory as its host the same way.
+    socket_dir = parse_qs(database.query).get("host", [None])[0]
+    host = database.hostname or socket_dir or "127.0.0.1"
     port = free_port()
     run_dir.mkdir()
     (run_dir / "userlist.txt").write_text(f'"{user}" ""\n')
@@ -105,7 +109,7 @@ def pgbouncer_in_front_of(database_url: str, pgbouncer: str, run_dir: Path) -> I
     config.write_text(
         render(
             DEPLOY / "pgbouncer.ini",
-            PG_HOST=database.hostname or "127.0.0.1",
+            PG_HOST=host,
             PG_PORT=str(database.port or 5432),
             PG_DATABASE=database.path.lstrip("/"),
             LISTEN_ADDR="127.0.0.1",
@@ -127,14 +131,16 @@ def pgbouncer_in_front_of(database_url: str, pgbouncer: str, run_dir: Path) -> I
         for path in (run_dir, *run_dir.iterdir()):
             os.chown(path, account.pw_uid, account.pw_gid)
         _let_through(run_dir)
+        if socket_dir:
+            _let_through(Path(socket_dir))
         argv = [pgbouncer, "-u", account.pw_name, str(config)]
     with running(argv, run_dir / "pgbouncer.out", port):
         yield f"postgresql://{user}@127.0.0.1:{port}/brand"
 
 
-def _let_through(path: Path) -> None:
-    """Every directory above `path` searchable by another account (pytest's are 0700)."""
-    for parent in path.parents:
+def _let_through(directory: Path) -> None:
+    """`directory` and every one above it searchable by another account (pytest's are 0700)."""
+    for parent in (directory, *directory.parents):
         if parent == Path("/"):
             break
         mode = parent.stat().st_mode
