@@ -36,6 +36,9 @@ ERASED = "erased"
 # Each batch is one transaction under these.
 STATEMENT_TIMEOUT = "5s"
 LOCK_TIMEOUT = "1s"
+# A person's request runs its first batch under this; a batch that takes longer is the
+# workers' (a loaded database must not turn the request into a 503, nor hold it 5 s).
+FIRST_BATCH_TIMEOUT = "2s"
 # With nothing to do, a runner looks again after this long, or at a wake-up after the debounce.
 IDLE_SECONDS = 1.0
 WAKE_DEBOUNCE_SECONDS = 0.1
@@ -56,7 +59,9 @@ def request_job(
 ) -> None:
     """Ask for a job in the caller's transaction, or join the open one of its kind for the
     endpoint; with `first_batch`, run one batch of it now unless a runner holds it (what a
-    person does takes effect at once for all but the largest queues)."""
+    person does takes effect at once for all but the largest queues). A first batch that
+    cannot finish within FIRST_BATCH_TIMEOUT is undone and left to the workers: the job
+    stands either way."""
     job_id = db.session.execute(
         _REQUEST,
         {
@@ -74,8 +79,20 @@ def request_job(
             _OPEN_JOB, {"id": job_id, "kind": kind, "endpoint_id": endpoint_id}
         ).first()
         if job is not None:
-            db.session.execute(text(f"SET LOCAL statement_timeout = '{STATEMENT_TIMEOUT}'"))
-            _run_batch(job)
+            try:
+                with db.session.begin_nested():
+                    db.session.execute(
+                        text(f"SET LOCAL statement_timeout = '{FIRST_BATCH_TIMEOUT}'")
+                    )
+                    _run_batch(job)
+            except OperationalError as error:  # a timeout: the savepoint took its writes back
+                log.info(
+                    "bulk job %s (%s of endpoint %s): first batch left to the workers (%s)",
+                    job.id,
+                    kind,
+                    endpoint_id,
+                    type(error.orig).__name__,
+                )
     notify_brand(brand_id)
 
 
