@@ -134,9 +134,21 @@ def test_copy_as_curl_says_beside_its_button_until_when_a_receiver_takes_it(
             continue
         # Beside the button: on its line, not below the folded command.
         expect(button).to_be_visible()
-        button_box, note_box = button.bounding_box(), note.bounding_box()
+        button_box, note_box, command_box = laid_out(button, note, command)
         assert abs(note_box["y"] - button_box["y"]) < button_box["height"], (button_box, note_box)
-        assert note_box["y"] < command.bounding_box()["y"]
+        assert note_box["y"] < command_box["y"]
+
+
+def laid_out(*locators, timeout: float = 10.0) -> list[dict]:
+    """Each element's box once all have one: a loaded browser may not have laid out one yet
+    (`bounding_box` is None until it does)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        boxes = [locator.bounding_box() for locator in locators]
+        if all(box is not None for box in boxes) or time.monotonic() > deadline:
+            assert all(box is not None for box in boxes), boxes
+            return boxes
+        time.sleep(0.1)
 
 
 def test_a_copy_made_once_the_signature_is_stale_is_warned_about(app, open_page, brand, read_key):
