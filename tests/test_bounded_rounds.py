@@ -43,6 +43,8 @@ workers = delivery.workers
 start_worker = delivery.start_worker
 
 BACKLOG = 60_000
+# psycopg prepares a statement on a connection after this many runs; the plan is kept from then.
+PLANNED_AFTER = 5
 LOCAL = UrlPolicy(https_only=False, allow_local=True)
 
 
@@ -193,6 +195,53 @@ def test_a_backlog_brought_forward_after_an_outage_holds_back_no_other_brand(
         what="every retry brought forward",
         worker=worker,
     )
+
+
+def _take(token: str, *, slots: int) -> list:
+    return claim_attempts(slots=slots, endpoint_limit=100, token=token, lease=POLICY.lease).attempts
+
+
+def test_a_take_planned_on_a_small_queue_still_probes_it_once_it_is_large(app, api):
+    """A round's statements are planned once per connection and kept. Planned while the queue
+    held a row, the take kept a scan of the whole queue (its sequential scan was cheapest
+    then); with a brand's 250,000 queued every take read them all, and every brand's
+    deliveries fell 30 s behind (bench/chaos.py retry-pending). Read off the take's plan."""
+    endpoint = api.register("http://127.0.0.1:9/hooks")
+    publish(app, api.brand, *(("deal.completed", {"n": n}) for n in range(PLANNED_AFTER + 1)))
+    with app.app_context():
+        pid = db.session.execute(text("SELECT pg_backend_pid()")).scalar()
+        db.session.commit()
+        for _ in range(PLANNED_AFTER + 1):  # the take prepared, its plan kept, on a tiny queue
+            assert len(_take("0000aaaa", slots=1)) == 1
+    seed_backlog(app, endpoint["id"], BACKLOG)
+    with app.app_context():
+        connection = db.session.connection()
+        # The same connection (the pool hands out its last one first), or the test means nothing.
+        assert connection.execute(text("SELECT pg_backend_pid()")).scalar() == pid
+        plans: list[str] = []
+        raw = connection.connection.driver_connection
+
+        def keep(notice) -> None:
+            plans.append(notice.message_primary or "")
+
+        raw.add_notice_handler(keep)
+        for setting in (
+            "LOAD 'auto_explain'",
+            "SET auto_explain.log_min_duration = 0",
+            "SET auto_explain.log_level = notice",
+        ):
+            connection.execute(text(setting))
+        db.session.commit()
+        try:
+            assert len(_take("0000bbbb", slots=3)) == 3
+        finally:
+            connection = db.session.connection()
+            connection.execute(text("RESET auto_explain.log_min_duration"))
+            connection.execute(text("RESET auto_explain.log_level"))
+            db.session.commit()
+            raw.remove_notice_handler(keep)
+    [take] = [plan for plan in plans if "endpoint AS MATERIALIZED" in plan]
+    assert "Seq Scan on webhook_delivery_queue" not in take, take
 
 
 # --- 2. One locked endpoint row stalls nothing ----------------------------------------------
