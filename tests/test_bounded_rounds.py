@@ -12,6 +12,7 @@ brand for seconds; bench/chaos.py runs the same attacks at 250,000.
 from __future__ import annotations
 
 import contextlib
+import re
 import signal
 import threading
 import time
@@ -214,34 +215,63 @@ def test_a_take_planned_on_a_small_queue_still_probes_it_once_it_is_large(app, a
         for _ in range(PLANNED_AFTER + 1):  # the take prepared, its plan kept, on a tiny queue
             assert len(_take("0000aaaa", slots=1)) == 1
     seed_backlog(app, endpoint["id"], BACKLOG)
-    with app.app_context():
-        connection = db.session.connection()
-        # The same connection (the pool hands out its last one first), or the test means nothing.
-        assert connection.execute(text("SELECT pg_backend_pid()")).scalar() == pid
-        plans: list[str] = []
-        raw = connection.connection.driver_connection
-
-        def keep(notice) -> None:
-            plans.append(notice.message_primary or "")
-
-        raw.add_notice_handler(keep)
-        for setting in (
-            "LOAD 'auto_explain'",
-            "SET auto_explain.log_min_duration = 0",
-            "SET auto_explain.log_level = notice",
-        ):
-            connection.execute(text(setting))
-        db.session.commit()
-        try:
-            assert len(_take("0000bbbb", slots=3)) == 3
-        finally:
-            connection = db.session.connection()
-            connection.execute(text("RESET auto_explain.log_min_duration"))
-            connection.execute(text("RESET auto_explain.log_level"))
-            db.session.commit()
-            raw.remove_notice_handler(keep)
+    with app.app_context(), plans_of_the_session(same_backend=pid) as plans:
+        assert len(_take("0000bbbb", slots=3)) == 3
     [take] = [plan for plan in plans if "endpoint AS MATERIALIZED" in plan]
     assert "Seq Scan on webhook_delivery_queue" not in take, take
+
+
+def test_a_walk_past_its_wrap_reads_no_row_after_its_cursor(app, api, other_api):
+    """A walk that wrapped round and found nothing more before its cursor read, with its upper
+    bound a filter, every queue row after the cursor to the end of the index: a brand's
+    250,000 queued there cost every round 80-120 ms (bench/chaos.py backlog-recovery)."""
+    first = other_api.register("http://127.0.0.1:9/first")  # ids sort by creation
+    large = api.register("http://127.0.0.1:9/large")
+    publish(app, other_api.brand, ("deal.completed", {"n": 0}))
+    seed_backlog(app, large["id"], BACKLOG)
+    with app.app_context(), plans_of_the_session(analyze=True) as plans:
+        # From `first`: `large`, then round to `first`, then nothing more before the cursor.
+        claimed = claim_attempts(
+            slots=2, endpoint_limit=1, token="0000aaaa", lease=POLICY.lease, cursor=first["id"]
+        )
+    assert {attempt.endpoint_id for attempt in claimed.attempts} == {first["id"], large["id"]}
+    [walk] = [plan for plan in plans if "walk(endpoint_id" in plan]
+    removed = [int(n) for n in re.findall(r"Rows Removed by Filter: (\d+)", walk)]
+    assert max(removed, default=0) < 100, walk
+
+
+@contextlib.contextmanager
+def plans_of_the_session(*, same_backend: int | None = None, analyze: bool = False):
+    """The plans of the statements run on the session's connection meanwhile (auto_explain, as
+    notices); `same_backend`: that connection must be this backend's, or the test means
+    nothing (the pool hands out its last connection first)."""
+    connection = db.session.connection()
+    if same_backend is not None:
+        assert connection.execute(text("SELECT pg_backend_pid()")).scalar() == same_backend
+    plans: list[str] = []
+
+    def keep(notice) -> None:
+        plans.append(notice.message_primary or "")
+
+    raw = connection.connection.driver_connection
+    raw.add_notice_handler(keep)
+    settings = {
+        "log_min_duration": "0",
+        "log_level": "notice",
+        "log_analyze": "on" if analyze else "off",
+    }
+    connection.execute(text("LOAD 'auto_explain'"))
+    for name, value in settings.items():
+        connection.execute(text(f"SET auto_explain.{name} = '{value}'"))
+    db.session.commit()
+    try:
+        yield plans
+    finally:
+        connection = db.session.connection()
+        for name in settings:
+            connection.execute(text(f"RESET auto_explain.{name}"))
+        db.session.commit()
+        raw.remove_notice_handler(keep)
 
 
 # --- 2. One locked endpoint row stalls nothing ----------------------------------------------

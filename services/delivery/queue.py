@@ -257,7 +257,8 @@ _ROLLBACK_TO_SAVEPOINT = RawStatement.of("ROLLBACK TO SAVEPOINT record")
 
 
 # The walk: from the cursor, each next endpoint's first queue row (a held one, null, sorts
-# last), wrapping round. Those due (or with a lapsed lease) that take attempts and have room,
+# last), wrapping round. Past the wrap both bounds are the index's: as a filter, the upper one
+# let a probe that found nothing before the cursor read every row after it. Those due (or with a lapsed lease) that take attempts and have room,
 # up to one per slot, each locked unless another claim holds it; a job for a closed endpoint
 # met with queued work and none clearing it (bulk.py); last, where the walk got to.
 _PICK = RawStatement.of(
@@ -275,8 +276,12 @@ _PICK = RawStatement.of(
         UNION ALL
         SELECT s.endpoint_id, s.next_attempt_at, w.n + 1, s.wrapped
         FROM walk AS w CROSS JOIN LATERAL (
-            (SELECT endpoint_id, next_attempt_at, w.wrapped AS wrapped FROM webhook_delivery_queue
-             WHERE endpoint_id > w.endpoint_id AND (NOT w.wrapped OR endpoint_id <= %(cursor)s)
+            (SELECT endpoint_id, next_attempt_at, false AS wrapped FROM webhook_delivery_queue
+             WHERE NOT w.wrapped AND endpoint_id > w.endpoint_id
+             ORDER BY endpoint_id, next_attempt_at LIMIT 1)
+            UNION ALL
+            (SELECT endpoint_id, next_attempt_at, true FROM webhook_delivery_queue
+             WHERE w.wrapped AND endpoint_id > w.endpoint_id AND endpoint_id <= %(cursor)s
              ORDER BY endpoint_id, next_attempt_at LIMIT 1)
             UNION ALL
             (SELECT endpoint_id, next_attempt_at, true FROM webhook_delivery_queue
