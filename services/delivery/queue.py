@@ -257,10 +257,11 @@ _ROLLBACK_TO_SAVEPOINT = RawStatement.of("ROLLBACK TO SAVEPOINT record")
 
 
 # The walk: from the cursor, each next endpoint's first queue row (a held one, null, sorts
-# last), wrapping round. Past the wrap both bounds are the index's: as a filter, the upper one
-# let a probe that found nothing before the cursor read every row after it. Those due (or with a lapsed lease) that take attempts and have room,
+# last), wrapping round. Those due (or with a lapsed lease) that take attempts and have room,
 # up to one per slot, each locked unless another claim holds it; a job for a closed endpoint
-# met with queued work and none clearing it (bulk.py); last, where the walk got to.
+# met with queued work and none clearing it (bulk.py); last, where the walk got to. Past the
+# wrap both bounds of a step are the index's: as a filter, the upper one let a probe that found
+# nothing before the cursor read every row after it.
 _PICK = RawStatement.of(
     f"""
     WITH RECURSIVE {CLOCK},
