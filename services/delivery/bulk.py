@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from flask import Flask
+from psycopg.errors import QueryCanceled
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
@@ -85,7 +86,10 @@ def request_job(
                         text(f"SET LOCAL statement_timeout = '{FIRST_BATCH_TIMEOUT}'")
                     )
                     _run_batch(job)
-            except OperationalError as error:  # a timeout: the savepoint took its writes back
+            except OperationalError as error:
+                if not isinstance(error.orig, QueryCanceled):
+                    raise  # the database is out of reach: the request fails, whole
+                # The savepoint took the batch's writes back; the job stands.
                 log.info(
                     "bulk job %s (%s of endpoint %s): first batch left to the workers (%s)",
                     job.id,
