@@ -6,16 +6,20 @@ embedded servers), whatever backends this run uses."""
 
 from __future__ import annotations
 
+import functools
+import multiprocessing
 import os
 import re
 import shutil
 import stat
 import subprocess
 import sys
+import time
 from contextlib import suppress
 from pathlib import Path
 
 from tests.backends import PRIVATE_DIRECTORY_PREFIX, create_database, start_embedded_postgres
+from workers.embedded_postgres import _ensure_system_user
 
 REPO = Path(__file__).resolve().parent.parent
 SESSION_TIMEOUT = 240
@@ -115,3 +119,32 @@ def test_a_database_that_dies_mid_run_stops_the_run_with_its_cause_once(tmp_path
     # One error (the first test that needed it), not one per test left.
     assert re.search(r"\b1 passed, 1 error\b", output), output
     assert "test_another_later_test_needs_the_database" not in output, output
+
+
+def _make_user_slowly(record: str, username: str) -> None:
+    with open(record, "a") as log:
+        log.write(f"start {time.monotonic()}\n")
+    time.sleep(0.3)  # useradd's read, then its write: another process must not come between
+    with open(record, "a") as log:
+        log.write(f"end {time.monotonic()}\n")
+
+
+def _start_first_server(record: str) -> None:
+    _ensure_system_user(functools.partial(_make_user_slowly, record))
+
+
+def test_first_starts_on_a_new_machine_make_the_server_user_one_at_a_time(tmp_path):
+    """A new machine's first `make test` starts four embedded servers at once, as root, and
+    each would run `useradd` for the server's user: two at once left a data directory owned
+    by a uid that no longer existed, and every test of that session failed at initdb. The
+    processes take turns (the real useradd is not run here: it would change the machine)."""
+    record = tmp_path / "record"
+    context = multiprocessing.get_context("spawn")
+    processes = [context.Process(target=_start_first_server, args=(str(record),)) for _ in range(4)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(30)
+        assert process.exitcode == 0
+    steps = [line.split() for line in record.read_text().splitlines()]
+    assert [kind for kind, _ in steps] == ["start", "end"] * 4  # never two inside at once

