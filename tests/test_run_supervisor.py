@@ -570,12 +570,35 @@ def wait_for_exit(supervisor: Supervisor, pid: int) -> None:
     deadline = time.monotonic() + STOP_TIMEOUT
     while pid in process_table():
         if time.monotonic() > deadline:
-            supervisor.fail(f"run.py (pid {pid}) still runs {STOP_TIMEOUT:.0f} s after the stop")
+            supervisor.fail(
+                f"run.py (pid {pid}) still runs {STOP_TIMEOUT:.0f} s after the stop; what is"
+                " left, and where each waits:\n"
+                + "\n".join(
+                    process_state(int(line.split(":", 1)[0])) + " " + line
+                    for line in supervisor.session_members() + supervisor.postgres_processes()
+                )
+            )
         time.sleep(0.1)
     try:
         supervisor.process.wait(timeout=STOP_TIMEOUT)
     except subprocess.TimeoutExpired:
         supervisor.fail("the shell that ran `make run` did not exit after it")
+
+
+def process_state(pid: int) -> str:
+    """Its state, where the kernel has it wait, and its signals pending, blocked and ignored
+    (hex masks: SIGHUP is bit 0, SIGTERM bit 14), for a failure's message."""
+    try:
+        status = dict(
+            line.split(":\t", 1)
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+            if ":\t" in line
+        )
+        wchan = Path(f"/proc/{pid}/wchan").read_text()
+    except OSError:
+        return "(gone)"
+    signals = " ".join(f"{key}={status.get(key, '?')}" for key in ("SigPnd", "ShdPnd", "SigBlk"))
+    return f"[{status.get('State', '?')} wchan={wchan} {signals} SigIgn={status.get('SigIgn')}]"
 
 
 def assert_nothing_left(supervisor: Supervisor, marker_before: list[str | None]) -> None:
