@@ -196,10 +196,15 @@ LOG_SQL = [
 
 
 def seed(conn, sql: list[str], params: dict) -> float:
+    """Seed, then write the seed out: a million rows leave a checkpoint's worth of writes, and a
+    drain timed while the checkpointer flushes them times the disk (one worker at 10,000
+    endpoints: 239/s with 0.17 of 2 cores busy, where two made 3,339/s just after)."""
     started = time.monotonic()
     for statement in sql:
         conn.execute(statement, params)
-    return time.monotonic() - started
+    took = time.monotonic() - started
+    conn.execute("CHECKPOINT")
+    return took
 
 
 # Each try's leases back in the queue, as they were (untimed): every try sees the same backlog.
