@@ -27,6 +27,8 @@ from urllib.parse import parse_qs, urlsplit
 import requests
 from requests.adapters import HTTPAdapter
 
+from tests.ports import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 START_TIMEOUT = 20.0
@@ -41,12 +43,6 @@ def binary(name: str) -> str | None:
     return shutil.which(name) or next(
         (str(path) for path in (Path("/usr/sbin") / name,) if path.exists()), None
     )
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def render(template: Path, **values: str) -> str:

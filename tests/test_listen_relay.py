@@ -26,6 +26,7 @@ from standardwebhooks import Webhook
 from extensions import db
 from models import WebhookEvent
 from services.events import publish_event
+from tests.ports import free_port
 from tests.receiver import Receiver, Reply
 from tests.server_process import ServerProcess
 
@@ -36,14 +37,6 @@ LISTEN = ROOT / "scripts" / "listen.py"
 SECRET = "whsec_relayTestSecret0123456789abcdefXYZ"
 # One of the current format, as register, rotate and the relay itself issue them.
 BASE64_SECRET = "whsec_" + base64.b64encode(bytes(range(32))).decode()
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class Relay:

@@ -33,7 +33,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import time
 from collections import Counter
@@ -42,6 +41,8 @@ from pathlib import Path
 
 import pytest
 import requests
+
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -57,12 +58,6 @@ RECEIVED = re.compile(r"^(\S+) (\S+) \(([^)]*)\) (.*)$")
 PAIR = re.compile(r'"(\w+)":\s*("(?:[^"\\]|\\.)*"|true|false|null|-?\d+|\[\])')
 NOT_RUN = ("make test", "make screenshots")
 SETTLE_SECONDS = 30.0
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @dataclass
