@@ -38,6 +38,7 @@ import pytest
 import requests
 
 from tests.backends import private_directory
+from tests.ports import free_port
 from tests.receiver import Receiver
 from tests.server_process import process_table
 
@@ -53,12 +54,6 @@ FIRST_KEY = {"name": "my first key", "scopes": ["read", "write"]}
 pytestmark = pytest.mark.skipif(
     not Path("/proc/self/stat").exists(), reason="proves that no process is left via /proc"
 )
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def isolated_env(state_dir: Path, port: int) -> dict[str, str]:
@@ -545,7 +540,8 @@ def test_a_port_another_program_holds_gets_a_free_port_that_works(
     state_dir, launch, marker_before, tmp_path
 ):
     with socket.socket() as other_program:
-        other_program.bind(("127.0.0.1", 0))
+        # Below the ephemeral range, as the port run.py then suggests is (tests/ports.py).
+        other_program.bind(("127.0.0.1", free_port()))
         other_program.listen()
         port = other_program.getsockname()[1]
         refused = run_to_its_end(state_dir, port, tmp_path)
@@ -652,8 +648,7 @@ class TerminalWindow:
             stdout=self.terminal,
             stderr=self.terminal,
             start_new_session=True,
-            # After setsid: the terminal becomes the new session's controlling terminal.
-            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),
+            preexec_fn=_as_a_terminal_starts_its_shell,
         )
         os.close(self.terminal)
         self._copier.start()
@@ -676,6 +671,16 @@ class TerminalWindow:
             self._open.clear()
             self._copier.join(5)
             os.close(self.master)
+
+
+def _as_a_terminal_starts_its_shell() -> None:
+    """After setsid: the terminal becomes the new session's controlling terminal, and the shell
+    starts with the signals a terminal gives it. A test run under `nohup`, or started with `&`
+    by a script, ignores SIGHUP (or SIGINT and SIGQUIT), and an ignored signal stays ignored
+    across exec: the shell would outlive the hang-up it is there to pass on."""
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    for signum in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT):
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def test_closing_its_terminal_window_stops_everything(state_dir, marker_before, tmp_path):
