@@ -382,3 +382,32 @@ def test_an_endpoint_that_keeps_timing_out_gets_one_slot(app, api, brand, hangin
     assert max(r.received_at for r in first_wave) - min(r.received_at for r in first_wave) < 0.9
     gaps = [b.received_at - a.received_at for a, b in pairwise(later)]
     assert all(gap >= 0.9 for gap in gaps), (gaps, logs(own))
+
+
+def test_a_round_that_records_a_whole_cohort_claims_the_next_one_at_once(
+    app, api, brand, receiver, start_worker
+):
+    """Every attempt in flight ends at once and one round records them all: that round claims
+    the next ones too. It used to count those results against its slots, claim nothing, and
+    sleep its poll interval with nothing in flight to wake it: a second lost per cohort (one of
+    two workers drew 256 attempts a second that way, beside the other's 2,000)."""
+    concurrency, cohorts = 8, 30
+    for number in range(4):  # 2 in flight each: the worker's 8 slots
+        api.register(f"{receiver.url}/{number}")
+    gate = threading.Event()
+    receiver.default = Reply(hold=gate)
+    own = start_worker(WEBHOOK_CONCURRENCY=str(concurrency), WEBHOOK_POLL_INTERVAL="1")
+    publish(app, brand, *[("deal.completed", {"n": n}) for n in range(cohorts * 2)])
+    # A few seconds' work; a second lost per cohort takes 30.
+    deadline = time.monotonic() + 15
+    try:
+        for cohort in range(1, cohorts + 1):
+            receiver.wait_for(concurrency * cohort, timeout=deadline - time.monotonic())
+            # The whole cohort is waiting: the next one's gate first, then all answered at once.
+            held, gate = gate, threading.Event()
+            receiver.default = Reply(hold=gate)
+            held.set()
+    except AssertionError as error:
+        raise AssertionError(f"cohort {cohort}: {error}\n{logs(own)}") from None
+    finally:
+        gate.set()

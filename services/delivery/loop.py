@@ -221,7 +221,10 @@ class DeliveryLoop:
                 batch, self._finished = self._finished, []
                 if self._abandoned:
                     batch = []
-                slots = 0 if self._stopping else self.concurrency - len(self._running) - len(batch)
+                # The batch's leases are released by the record, before the claim in the same
+                # transaction: only what is on the wire takes a slot. Counting the batch too, a
+                # round that recorded a whole cohort claimed nothing, then slept its poll interval.
+                slots = 0 if self._stopping else self.concurrency - len(self._running)
                 held = [*self._running, *(attempt.delivery_id for attempt, _ in batch)]
                 done = await self._database_round(batch, slots, held)
                 self._finished = done.unrecorded + self._finished
